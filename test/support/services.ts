@@ -1,0 +1,38 @@
+import { randomBytes } from 'node:crypto';
+import net from 'node:net';
+
+/**
+ * Tests that need PostgreSQL or Redis call these at module load. With CI=true an unreachable
+ * service is a failure; elsewhere the suite is skipped with a loud message, never silently passed.
+ */
+export const PG_URL = process.env.RETRYSAFE_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+export const REDIS_URL = process.env.RETRYSAFE_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+function reachable(port: number, host = '127.0.0.1', timeoutMs = 1000): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect({ port, host });
+    const done = (ok: boolean) => {
+      socket.destroy();
+      resolve(ok);
+    };
+    socket.setTimeout(timeoutMs, () => done(false));
+    socket.once('connect', () => done(true));
+    socket.once('error', () => done(false));
+  });
+}
+
+async function requireService(name: string, port: number): Promise<boolean> {
+  if (await reachable(port)) return true;
+  const message = `${name} on 127.0.0.1:${port} is unreachable`;
+  if (process.env.CI === 'true') throw new Error(`${message}; CI=true makes these tests mandatory`);
+  console.warn(`\n!!!!!!!! SKIPPING ${name} TESTS: ${message} !!!!!!!!\n`);
+  return false;
+}
+
+export const hasPostgres = await requireService('PostgreSQL', 5432);
+export const hasRedis = await requireService('Redis', 6379);
+
+/** A name unique to this run, usable as a schema name or key prefix. */
+export function uniqueName(prefix = 'rs_test'): string {
+  return `${prefix}_${process.pid}_${randomBytes(4).toString('hex')}`;
+}
