@@ -1,1 +1,25 @@
-export {};
+export type { Duration } from './duration.js';
+export {
+  type CapturedResponse,
+  createIdempotency,
+  DEFAULT_REPLAY_HEADERS,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type IncomingRequest,
+  type Outcome,
+  REPLAYED_HEADER,
+} from './engine.js';
+export { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError, RetrysafeError } from './errors.js';
+export { type FingerprintBody, type FingerprintInput, fingerprint } from './fingerprint.js';
+export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
+export {
+  type AtomicResult,
+  type AtomicStore,
+  type AtomicWorkResult,
+  type ClaimInput,
+  type ClaimResult,
+  type IdempotencyStore,
+  isAtomicStore,
+  type StoredResponse,
+} from './types.js';

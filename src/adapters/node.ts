@@ -1,0 +1,231 @@
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import {
+  type CapturedResponse,
+  createIdempotency,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '../core/index.js';
+
+/** The request a wrapped handler sees: the body is already read, as bytes. */
+export type BodyRequest = IncomingMessage & { body: Buffer };
+
+/**
+ * A node:http handler. `idem` is set for requests guarded by a key, `undefined` otherwise
+ * (no key on an optional route, or a method that is not guarded).
+ */
+export type NodeHandler<Tx = unknown> = (
+  req: BodyRequest,
+  res: ServerResponse,
+  idem: IdempotencyContext<Tx> | undefined,
+) => unknown;
+
+export type NodeIdempotencyOptions = IdempotencyOptions<IncomingMessage>;
+
+/**
+ * Guards node:http handlers with Idempotency-Key. The wrapper reads each request body (413 past
+ * `maxBodyBytes`) into `req.body`, captures the guarded handler's response, saves it, and
+ * replays it to retries. The handler's own errors become a 500 after the key is released.
+ * @example
+ * const guard = idempotency({ store: sqliteStore({ filename: 'app.db' }) });
+ * http.createServer(guard(async (req, res, idem) => { res.writeHead(201).end('made') })).listen(8080);
+ */
+export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
+  const engine = createIdempotency<IncomingMessage, Tx>(options);
+  return function wrap(handler: NodeHandler<Tx>) {
+    return async function idempotentHandler(req: IncomingMessage, res: ServerResponse): Promise<void> {
+      let body: Buffer;
+      try {
+        body = await readBody(req, engine.maxBodyBytes);
+      } catch (error) {
+        if (error === BODY_TOO_LARGE) return send(res, engine.render(engine.bodyTooLarge()), true);
+        // The client went away mid-body: there is nobody to answer.
+        res.destroy();
+        return;
+      }
+      const request = Object.assign(req, { body }) as BodyRequest;
+      try {
+        const outcome = await engine.handle(
+          {
+            method: req.method ?? 'GET',
+            path: req.url ?? '/',
+            keyHeader: req.headersDistinct['idempotency-key'],
+            contentType: req.headers['content-type'],
+            readBody: async () => body,
+            raw: req,
+          },
+          (ctx) => capture(engine, res, () => handler(request, res, ctx)),
+        );
+        switch (outcome.kind) {
+          case 'pass':
+            await handler(request, res, undefined);
+            return;
+          case 'executed':
+            // The captured headers are still set on `res`; only status and body are held back.
+            if (outcome.response.complete && !res.headersSent)
+              res.writeHead(outcome.response.status).end(outcome.response.body);
+            return;
+          case 'replayed':
+            return send(res, outcome.response);
+          case 'rejected':
+            return send(res, engine.render(outcome.error));
+        }
+      } catch (error) {
+        internalError(res, error);
+      }
+    };
+  };
+}
+
+const BODY_TOO_LARGE = Symbol('body too large');
+
+function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  const declared = Number(req.headers['content-length']);
+  if (declared > limit) return Promise.reject(BODY_TOO_LARGE);
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        req.removeAllListeners('data');
+        req.resume();
+        reject(BODY_TOO_LARGE);
+      } else chunks.push(chunk);
+    });
+    req.once('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
+    req.once('error', reject);
+    req.once('aborted', () => reject(new Error('request aborted')));
+  });
+}
+
+function send(res: ServerResponse, response: StoredResponse, close = false): void {
+  if (res.headersSent) return;
+  if (close) res.setHeader('connection', 'close');
+  res.writeHead(response.status, response.headers);
+  res.end(response.body);
+}
+
+function internalError(res: ServerResponse, error: unknown): void {
+  console.error('retrysafe: handler failed', error);
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  res.writeHead(500, { 'content-type': 'application/json; charset=utf-8' });
+  res.end(
+    JSON.stringify({
+      error: 'internal_error',
+      message: 'The request failed; it may be retried with the same key.',
+    }),
+  );
+}
+
+/**
+ * Runs the handler with `res` intercepted: status, headers and body are held back until the
+ * engine has saved them (and, in atomic mode, committed), then sent. A lease-mode response that
+ * outgrows `maxResponseBytes` is streamed through instead and reported as incomplete.
+ */
+function capture(
+  engine: Idempotency<IncomingMessage, unknown>,
+  res: ServerResponse,
+  invoke: () => unknown,
+): Promise<CapturedResponse> {
+  const original = { writeHead: res.writeHead, write: res.write, end: res.end };
+  const restore = () => Object.assign(res, original);
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let streaming = false;
+  let overflow = false;
+
+  const toBuffer = (chunk: unknown, encoding?: unknown): Buffer =>
+    Buffer.isBuffer(chunk)
+      ? chunk
+      : typeof chunk === 'string'
+        ? Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8')
+        : Buffer.from(chunk as Uint8Array);
+
+  const startStreaming = () => {
+    streaming = true;
+    restore();
+    res.writeHead(res.statusCode);
+    for (const chunk of chunks) res.write(chunk);
+    chunks.length = 0;
+  };
+
+  const keep = (chunk: unknown, encoding?: unknown) => {
+    if (chunk === undefined || chunk === null || typeof chunk === 'function') return;
+    const buffer = toBuffer(chunk, encoding);
+    if (buffer.length === 0) return;
+    if (overflow) return;
+    size += buffer.length;
+    if (size > engine.maxResponseBytes) {
+      if (engine.mode === 'lease') {
+        startStreaming();
+        res.write(buffer);
+        return;
+      }
+      // Atomic mode never streams before the commit; the engine rolls back and answers 500.
+      overflow = true;
+      chunks.length = 0;
+      return;
+    }
+    chunks.push(buffer);
+  };
+
+  return new Promise<CapturedResponse>((resolve, reject) => {
+    const headers = (): Record<string, string> => {
+      const merged: Record<string, string> = {};
+      for (const [name, value] of Object.entries(res.getHeaders())) {
+        if (value !== undefined) merged[name] = Array.isArray(value) ? value.join(', ') : String(value);
+      }
+      return merged;
+    };
+    // Headers given to writeHead are moved onto `res`, so getHeaders() sees all of them and the
+    // real writeHead later sends them unchanged (set-cookie arrays included).
+    res.writeHead = ((status: number, ...rest: unknown[]) => {
+      res.statusCode = status;
+      if (typeof rest[0] === 'string') res.statusMessage = rest[0];
+      const last = rest[rest.length - 1];
+      if (Array.isArray(last)) {
+        for (let i = 0; i + 1 < last.length; i += 2) res.appendHeader(String(last[i]), String(last[i + 1]));
+      } else if (last && typeof last === 'object') {
+        for (const [name, value] of Object.entries(last as OutgoingHttpHeaders)) {
+          if (value !== undefined) res.setHeader(name, value);
+        }
+      }
+      return res;
+    }) as typeof res.writeHead;
+    res.write = ((chunk: unknown, encoding?: unknown, callback?: unknown) => {
+      if (streaming) return original.write.call(res, chunk as never, encoding as never, callback as never);
+      keep(chunk, encoding);
+      const done = typeof encoding === 'function' ? encoding : callback;
+      if (typeof done === 'function') queueMicrotask(() => (done as () => void)());
+      return true;
+    }) as typeof res.write;
+    res.end = ((chunk?: unknown, encoding?: unknown) => {
+      if (streaming) {
+        original.end.call(res, chunk as never, encoding as never);
+        resolve({ status: res.statusCode, headers: headers(), body: Buffer.alloc(0), complete: false });
+        return res;
+      }
+      keep(chunk, encoding);
+      restore();
+      const complete = !overflow;
+      resolve({
+        status: res.statusCode,
+        headers: headers(),
+        body: complete ? Buffer.concat(chunks) : Buffer.alloc(0),
+        complete,
+      });
+      return res;
+    }) as typeof res.end;
+    Promise.resolve()
+      .then(invoke)
+      .catch((error) => {
+        restore();
+        reject(error);
+      });
+  });
+}

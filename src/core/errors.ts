@@ -1,0 +1,51 @@
+/** Machine-readable codes of the errors the engine answers with. */
+export const ErrorCode = {
+  keyMissing: 'idempotency_key_missing',
+  keyInvalid: 'idempotency_key_invalid',
+  keyConflict: 'key_conflict',
+  inProgress: 'request_in_progress',
+  storeUnavailable: 'store_unavailable',
+  bodyTooLarge: 'body_too_large',
+  responseTooLarge: 'response_too_large',
+  replayUnreadable: 'replay_unreadable',
+} as const;
+export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
+
+/** Base class of every error retrysafe throws or renders; recognisable by `name` across package copies. */
+export class RetrysafeError extends Error {
+  override name = 'RetrysafeError';
+}
+
+/** A bad option, thrown at construction with the option's name in the message. */
+export class ConfigError extends RetrysafeError {
+  override name = 'ConfigError';
+}
+
+/**
+ * An outcome the engine answers with an HTTP error: bad key, conflict, in progress, store down.
+ * Adapters render it through their framework's error path; `onError` may change the rendering.
+ */
+export class IdempotencyError extends RetrysafeError {
+  override name = 'IdempotencyError';
+  constructor(
+    readonly status: number,
+    readonly code: ErrorCode,
+    message: string,
+    /** Extra response headers, e.g. `retry-after`. */
+    readonly headers: Record<string, string> = {},
+    /** The key the request carried, when it had a well-formed one. */
+    readonly key?: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+
+  /** The HTTP status under the name frameworks look for (Express, Fastify). */
+  get statusCode(): number {
+    return this.status;
+  }
+}
+
+export function isIdempotencyError(value: unknown): value is IdempotencyError {
+  return value instanceof Error && value.name === 'IdempotencyError' && 'code' in value && 'status' in value;
+}
