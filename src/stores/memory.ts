@@ -1,0 +1,186 @@
+import type { ClaimInput, ClaimResult, IdempotencyStore, StoredResponse } from '../core/types.js';
+import {
+  DEFAULT_PURGE_BATCH_SIZE,
+  expiresAtMs,
+  newToken,
+  recordId,
+  requirePositiveInteger,
+  Waiters,
+  yieldToEventLoop,
+} from './internal.js';
+
+export interface MemoryStoreOptions {
+  /**
+   * The most records kept at once. When full, the records completed longest ago are evicted first
+   * (a retry of an evicted key runs again); an in-progress record is never evicted, and a claim
+   * that finds only in-progress records throws {@link MemoryStoreFullError}.
+   * @default 100_000
+   */
+  maxRecords?: number;
+  /**
+   * How often a timer removes records whose retention has passed. The timer is `unref`'d and
+   * stopped by `close()`; expired records also read as absent before it runs.
+   * @default 60_000
+   */
+  sweepIntervalMs?: number;
+}
+
+/** Thrown by `claim` when the store holds `maxRecords` records and every one is in progress. */
+export class MemoryStoreFullError extends Error {
+  override readonly name = 'MemoryStoreFullError';
+}
+
+interface MemoryRecord {
+  fingerprint: string;
+  token: string;
+  leaseUntilMs: number;
+  expiresAtMs: number;
+  /** Absent while in progress. */
+  response?: StoredResponse;
+}
+
+function copyResponse(response: StoredResponse): StoredResponse {
+  return { status: response.status, headers: { ...response.headers }, body: new Uint8Array(response.body) };
+}
+
+/**
+ * An idempotency store in this process's memory: for tests and single-process services. Records
+ * are lost on restart and not shared between processes (use `retrysafe/sqlite` for that).
+ *
+ * @example
+ * ```ts
+ * import { memoryStore } from 'retrysafe/memory';
+ * const store = memoryStore({ maxRecords: 10_000 });
+ * ```
+ */
+export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore {
+  const maxRecords = requirePositiveInteger('memoryStore', 'maxRecords', options.maxRecords ?? 100_000);
+  const sweepIntervalMs = requirePositiveInteger(
+    'memoryStore',
+    'sweepIntervalMs',
+    options.sweepIntervalMs ?? 60_000,
+  );
+
+  const records = new Map<string, MemoryRecord>();
+  // Ids of completed records in completion order: the eviction queue, oldest first.
+  const completed = new Set<string>();
+  const waiters = new Waiters();
+  let closed = false;
+
+  function remove(id: string): void {
+    records.delete(id);
+    completed.delete(id);
+  }
+
+  function live(id: string, nowMs: number): MemoryRecord | undefined {
+    const record = records.get(id);
+    if (record && record.expiresAtMs <= nowMs) {
+      remove(id);
+      return undefined;
+    }
+    return record;
+  }
+
+  function removeExpired(nowMs: number): void {
+    for (const [id, record] of records) if (record.expiresAtMs <= nowMs) remove(id);
+  }
+
+  function makeRoom(nowMs: number): void {
+    if (records.size < maxRecords) return;
+    const oldestCompleted = completed.values().next();
+    if (!oldestCompleted.done) {
+      remove(oldestCompleted.value);
+      return;
+    }
+    removeExpired(nowMs);
+    if (records.size >= maxRecords) {
+      throw new MemoryStoreFullError(
+        `memoryStore: all ${maxRecords} records (\`maxRecords\`) are in progress; refusing to evict one`,
+      );
+    }
+  }
+
+  async function claim(input: ClaimInput): Promise<ClaimResult> {
+    const nowMs = Date.now();
+    const id = recordId(input.scope, input.key);
+    const existing = live(id, nowMs);
+    if (existing) {
+      if (existing.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
+      if (existing.response) return { outcome: 'replay', response: copyResponse(existing.response) };
+      if (existing.leaseUntilMs > nowMs) {
+        return { outcome: 'in_progress', retryAfterMs: existing.leaseUntilMs - nowMs };
+      }
+      existing.token = newToken();
+      existing.leaseUntilMs = nowMs + input.leaseMs;
+      existing.expiresAtMs = expiresAtMs(nowMs, input.leaseMs, input.ttlMs);
+      return { outcome: 'acquired', token: existing.token };
+    }
+    makeRoom(nowMs);
+    const token = newToken();
+    records.set(id, {
+      fingerprint: input.fingerprint,
+      token,
+      leaseUntilMs: nowMs + input.leaseMs,
+      expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+    });
+    return { outcome: 'acquired', token };
+  }
+
+  function owned(id: string, token: string): MemoryRecord | undefined {
+    const record = live(id, Date.now());
+    return record && !record.response && record.token === token ? record : undefined;
+  }
+
+  async function complete(scope: string, key: string, token: string, response: StoredResponse) {
+    const id = recordId(scope, key);
+    const record = owned(id, token);
+    if (!record) return false;
+    record.response = copyResponse(response);
+    completed.add(id);
+    waiters.wake(id);
+    return true;
+  }
+
+  async function release(scope: string, key: string, token: string) {
+    const id = recordId(scope, key);
+    if (!owned(id, token)) return false;
+    remove(id);
+    waiters.wake(id);
+    return true;
+  }
+
+  async function wait(scope: string, key: string, timeoutMs: number) {
+    const id = recordId(scope, key);
+    const deadlineMs = Date.now() + timeoutMs;
+    for (;;) {
+      const nowMs = Date.now();
+      const record = live(id, nowMs);
+      if (closed || !record || record.response || record.leaseUntilMs <= nowMs || nowMs >= deadlineMs) return;
+      await waiters.sleep(id, Math.min(deadlineMs, record.leaseUntilMs) - nowMs);
+    }
+  }
+
+  async function purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
+    requirePositiveInteger('memoryStore.purgeExpired', 'batchSize', batchSize);
+    const nowMs = Date.now();
+    let deleted = 0;
+    for (const [id, record] of records) {
+      if (record.expiresAtMs > nowMs) continue;
+      remove(id);
+      deleted++;
+      if (deleted % batchSize === 0) await yieldToEventLoop();
+    }
+    return deleted;
+  }
+
+  const sweeper = setInterval(() => void purgeExpired(), sweepIntervalMs);
+  sweeper.unref();
+
+  async function close() {
+    closed = true;
+    clearInterval(sweeper);
+    waiters.wakeAll();
+  }
+
+  return { name: 'memory', claim, complete, release, wait, purgeExpired, close };
+}

@@ -1,0 +1,552 @@
+import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import fc from 'fast-check';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import {
+  type AtomicResult,
+  type AtomicStore,
+  type AtomicWorkResult,
+  type ClaimInput,
+  type ClaimResult,
+  type IdempotencyStore,
+  isAtomicStore,
+  type StoredResponse,
+} from '../../src/core/types.js';
+
+/**
+ * The application's own writes, as seen by the atomic-mode tests: the suite cannot know an app's
+ * tables, so the store's test file supplies one tiny table.
+ */
+export interface AtomicProbe<Tx = any> {
+  /** Writes one row through `tx`, inside the atomic transaction. */
+  write(tx: Tx): Promise<void> | void;
+  /** Counts the committed rows, outside any transaction. */
+  count(): Promise<number>;
+}
+
+export interface StoreUnderTest {
+  store: IdempotencyStore;
+  /** Runs after the suite has called `store.close()`: drop the schema, delete the keys, remove the file. */
+  cleanup?: () => Promise<void>;
+  /** For an AtomicStore: checks that the handler's own writes commit and roll back with the record. */
+  atomicProbe?: AtomicProbe;
+  /**
+   * The backend deletes expired records by itself (Redis TTL), so `purgeExpired` may find nothing
+   * left to count; the purge test then checks only that live records survive it.
+   */
+  expiresNatively?: boolean;
+}
+
+/**
+ * The contract every store passes (src/core/types.ts, DESIGN.md §3), written once and run per store.
+ *
+ * The store from `setup` is shared by every test here; each test uses fresh random scopes and keys,
+ * so a store backed by a shared database works, provided nothing else purges it or writes
+ * expiring records to it while the suite runs (the purge test counts exactly what it deleted).
+ *
+ * Timing: leases and retention of 100-300 ms are waited out with sleeps of at least twice as long;
+ * no test asserts how long anything took. `wait` is checked by ordering (it did not return before the
+ * record changed) and by a test timeout far below the `timeoutMs` passed to it.
+ *
+ * Atomic mode (stores where `isAtomicStore` holds; the tests are skipped otherwise): a concurrent
+ * duplicate of an atomic call either blocks until the first commits and then answers `replay`
+ * (SQLite, PostgreSQL), or answers `in_progress`, in which case the caller `wait`s and calls
+ * `atomic` again. Either way exactly one call answers `executed` and the work runs once.
+ */
+export function describeStoreConformance(name: string, setup: () => Promise<StoreUnderTest>): void {
+  describe(`store conformance: ${name}`, () => {
+    let subject: StoreUnderTest;
+    let store: IdempotencyStore;
+
+    beforeAll(async () => {
+      subject = await setup();
+      store = subject.store;
+    });
+
+    afterAll(async () => {
+      await subject?.store.close();
+      await subject?.cleanup?.();
+    });
+
+    const LONG = { leaseMs: 30_000, ttlMs: 60_000 };
+    // Generous against the slowest store here; every sleep past a deadline is at least twice it.
+    const SHORT_MS = 150;
+
+    function fresh(fingerprint = 'fp-a', times: { leaseMs: number; ttlMs: number } = LONG): ClaimInput {
+      return { scope: `scope-${randomUUID()}`, key: `key-${randomUUID()}`, fingerprint, ...times };
+    }
+
+    function withFingerprint(input: ClaimInput, fingerprint: string): ClaimInput {
+      return { ...input, fingerprint };
+    }
+
+    function sampleResponse(label = 'a'): StoredResponse {
+      // Every byte value, then sequences that are not UTF-8 (lone continuation, truncated, overlong).
+      const body = new Uint8Array([
+        ...Array.from({ length: 256 }, (_, i) => i),
+        0x80,
+        0xc3,
+        0x28,
+        0xe2,
+        0x82,
+        0xf0,
+        0xc0,
+        0xaf,
+        0,
+        0,
+        ...new TextEncoder().encode(label),
+      ]);
+      return {
+        status: 201,
+        headers: { 'content-type': 'application/octet-stream', location: `/things/${label}`, etag: '"é-1"' },
+        body,
+      };
+    }
+
+    async function acquire(input: ClaimInput): Promise<string> {
+      const result = await store.claim(input);
+      if (result.outcome !== 'acquired') throw new Error(`expected acquired, got ${JSON.stringify(result)}`);
+      expect(typeof result.token).toBe('string');
+      expect(result.token.length).toBeGreaterThan(0);
+      return result.token;
+    }
+
+    function expectReplay(result: ClaimResult | AtomicResult, expected: StoredResponse): void {
+      expect(result.outcome).toBe('replay');
+      if (result.outcome !== 'replay') return;
+      expect(result.response.status).toBe(expected.status);
+      expect(result.response.headers).toEqual(expected.headers);
+      expect(result.response.body).toBeInstanceOf(Uint8Array);
+      expect(Array.from(result.response.body)).toEqual(Array.from(expected.body));
+    }
+
+    async function expectInProgress(input: ClaimInput): Promise<void> {
+      const result = await store.claim(input);
+      expect(result.outcome).toBe('in_progress');
+      if (result.outcome === 'in_progress') {
+        expect(result.retryAfterMs).toBeGreaterThan(0);
+        expect(result.retryAfterMs).toBeLessThanOrEqual(input.leaseMs);
+      }
+    }
+
+    describe('claim, complete, replay', () => {
+      it('acquires a new key with a token', async () => {
+        await acquire(fresh());
+      });
+
+      it('of 50 concurrent claims of one new key, exactly one acquires; the rest are in progress', async () => {
+        const input = fresh();
+        const results = await Promise.all(Array.from({ length: 50 }, () => store.claim(input)));
+        expect(results.filter((r) => r.outcome === 'acquired')).toHaveLength(1);
+        const others = results.filter((r) => r.outcome !== 'acquired');
+        expect(others).toHaveLength(49);
+        for (const result of others) {
+          expect(result.outcome).toBe('in_progress');
+          if (result.outcome === 'in_progress') {
+            expect(result.retryAfterMs).toBeGreaterThan(0);
+            expect(result.retryAfterMs).toBeLessThanOrEqual(input.leaseMs);
+          }
+        }
+      });
+
+      it('replays status, headers and binary body byte for byte, as often as asked', async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        const response = sampleResponse();
+        expect(await store.complete(input.scope, input.key, token, response)).toBe(true);
+        expectReplay(await store.claim(input), response);
+        expectReplay(await store.claim(input), response);
+      });
+
+      it('replays an empty body with no headers', async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        const response = { status: 204, headers: {}, body: new Uint8Array(0) };
+        expect(await store.complete(input.scope, input.key, token, response)).toBe(true);
+        expectReplay(await store.claim(input), response);
+      });
+
+      it('answers mismatch to another fingerprint, in progress and completed, and keeps the record', async () => {
+        const input = fresh('fp-a');
+        const token = await acquire(input);
+        expect(await store.claim(withFingerprint(input, 'fp-b'))).toEqual({ outcome: 'mismatch' });
+        await expectInProgress(input);
+        const response = sampleResponse();
+        expect(await store.complete(input.scope, input.key, token, response)).toBe(true);
+        expect(await store.claim(withFingerprint(input, 'fp-b'))).toEqual({ outcome: 'mismatch' });
+        expectReplay(await store.claim(input), response);
+      });
+
+      it('keeps scopes apart: one key in two scopes names two operations', async () => {
+        const first = fresh();
+        const second = { ...first, scope: `scope-${randomUUID()}` };
+        const firstToken = await acquire(first);
+        const secondToken = await acquire(second);
+        expect(secondToken).not.toBe(firstToken);
+        expect(await store.complete(first.scope, first.key, firstToken, sampleResponse('first'))).toBe(true);
+        await expectInProgress(second);
+        expect(await store.complete(second.scope, second.key, secondToken, sampleResponse('second'))).toBe(
+          true,
+        );
+        expectReplay(await store.claim(first), sampleResponse('first'));
+        expectReplay(await store.claim(second), sampleResponse('second'));
+      });
+
+      it('release lets the next claim acquire with a new token', async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        expect(await store.release(input.scope, input.key, token)).toBe(true);
+        const next = await acquire(input);
+        expect(next).not.toBe(token);
+        expect(await store.release(input.scope, input.key, token)).toBe(false);
+        await expectInProgress(input);
+      });
+
+      it('a released key may be claimed with another fingerprint', async () => {
+        const input = fresh('fp-a');
+        const token = await acquire(input);
+        expect(await store.release(input.scope, input.key, token)).toBe(true);
+        await acquire(withFingerprint(input, 'fp-b'));
+      });
+    });
+
+    describe('owner-token fencing', () => {
+      it('complete and release with a wrong token answer false and change nothing', async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        expect(await store.complete(input.scope, input.key, `${token}-not`, sampleResponse('intruder'))).toBe(
+          false,
+        );
+        expect(await store.release(input.scope, input.key, 'not-a-token')).toBe(false);
+        await expectInProgress(input);
+        expect(await store.complete(input.scope, input.key, token, sampleResponse('owner'))).toBe(true);
+        expectReplay(await store.claim(input), sampleResponse('owner'));
+      });
+
+      it('complete and release of an absent key answer false', async () => {
+        const input = fresh();
+        expect(await store.complete(input.scope, input.key, 'token', sampleResponse())).toBe(false);
+        expect(await store.release(input.scope, input.key, 'token')).toBe(false);
+        await acquire(input);
+      });
+
+      it('a completed record cannot be completed again or released', async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        expect(await store.complete(input.scope, input.key, token, sampleResponse('first'))).toBe(true);
+        expect(await store.complete(input.scope, input.key, token, sampleResponse('second'))).toBe(false);
+        expect(await store.release(input.scope, input.key, token)).toBe(false);
+        expectReplay(await store.claim(input), sampleResponse('first'));
+      });
+
+      it('after the lease passes a retry takes over with a new token; the old owner can no longer write', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const oldToken = await acquire(input);
+        await expectInProgress(input);
+        await sleep(SHORT_MS * 2);
+        const newToken = await acquire(input);
+        expect(newToken).not.toBe(oldToken);
+        expect(await store.complete(input.scope, input.key, oldToken, sampleResponse('old'))).toBe(false);
+        expect(await store.release(input.scope, input.key, oldToken)).toBe(false);
+        await expectInProgress(input);
+        expect(await store.complete(input.scope, input.key, newToken, sampleResponse('new'))).toBe(true);
+        expect(await store.complete(input.scope, input.key, oldToken, sampleResponse('old'))).toBe(false);
+        expectReplay(await store.claim(input), sampleResponse('new'));
+      });
+
+      it('a passed lease is not taken over by another fingerprint', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        await acquire(input);
+        await sleep(SHORT_MS * 2);
+        expect(await store.claim(withFingerprint(input, 'fp-b'))).toEqual({ outcome: 'mismatch' });
+      });
+
+      it('an owner whose lease passed but was not taken over still completes', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const token = await acquire(input);
+        await sleep(SHORT_MS * 2);
+        expect(await store.complete(input.scope, input.key, token, sampleResponse('late'))).toBe(true);
+        expectReplay(await store.claim(input), sampleResponse('late'));
+      });
+    });
+
+    describe('wait', () => {
+      // Far beyond the test timeout: a wait that only returns at its timeout fails the test.
+      const NEVER_MS = 120_000;
+      const TEST_TIMEOUT_MS = 15_000;
+
+      async function expectWokenBy(change: (input: ClaimInput, token: string) => Promise<unknown>) {
+        const input = fresh();
+        const token = await acquire(input);
+        const events: string[] = [];
+        const waiting = store.wait(input.scope, input.key, NEVER_MS).then(() => events.push('woke'));
+        await sleep(SHORT_MS);
+        events.push('changed');
+        await change(input, token);
+        await waiting;
+        expect(events).toEqual(['changed', 'woke']);
+      }
+
+      it(
+        'resolves when the record completes',
+        async () => {
+          await expectWokenBy((input, token) =>
+            store.complete(input.scope, input.key, token, sampleResponse()),
+          );
+        },
+        TEST_TIMEOUT_MS,
+      );
+
+      it(
+        'resolves when the record is released',
+        async () => {
+          await expectWokenBy((input, token) => store.release(input.scope, input.key, token));
+        },
+        TEST_TIMEOUT_MS,
+      );
+
+      it(
+        'resolves when the lease passes',
+        async () => {
+          const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+          await acquire(input);
+          await store.wait(input.scope, input.key, NEVER_MS);
+          await acquire(input);
+        },
+        TEST_TIMEOUT_MS,
+      );
+
+      it(
+        'resolves at once for an absent or completed key',
+        async () => {
+          const input = fresh();
+          await store.wait(input.scope, input.key, NEVER_MS);
+          const token = await acquire(input);
+          await store.complete(input.scope, input.key, token, sampleResponse());
+          await store.wait(input.scope, input.key, NEVER_MS);
+        },
+        TEST_TIMEOUT_MS,
+      );
+
+      it('returns after timeoutMs when nothing happens, leaving the record in progress', async () => {
+        const input = fresh();
+        await acquire(input);
+        await store.wait(input.scope, input.key, SHORT_MS);
+        await expectInProgress(input);
+      });
+    });
+
+    describe('retention and purge', () => {
+      it('once retention passes the key names a new operation', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
+        const token = await acquire(input);
+        expect(await store.complete(input.scope, input.key, token, sampleResponse())).toBe(true);
+        const abandoned = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
+        await acquire(abandoned);
+        await sleep(SHORT_MS * 2);
+        await acquire(input);
+        await acquire(withFingerprint(abandoned, 'fp-b'));
+      });
+
+      it('a record whose lease outlives its retention stays in progress until the lease passes', async () => {
+        const input = fresh('fp-a', { leaseMs: 60_000, ttlMs: SHORT_MS });
+        await acquire(input);
+        await sleep(SHORT_MS * 2);
+        await expectInProgress(input);
+        await store.purgeExpired();
+        await expectInProgress(input);
+      });
+
+      it('purgeExpired deletes expired records in batches and keeps live ones', async () => {
+        const expiring = { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS };
+        await store.purgeExpired();
+        const expiredCompleted = Array.from({ length: 7 }, () => fresh('fp-a', expiring));
+        for (const input of expiredCompleted) {
+          expect(await store.complete(input.scope, input.key, await acquire(input), sampleResponse())).toBe(
+            true,
+          );
+        }
+        const expiredAbandoned = Array.from({ length: 2 }, () => fresh('fp-a', expiring));
+        for (const input of expiredAbandoned) await acquire(input);
+        const liveCompleted = fresh();
+        expect(
+          await store.complete(
+            liveCompleted.scope,
+            liveCompleted.key,
+            await acquire(liveCompleted),
+            sampleResponse(),
+          ),
+        ).toBe(true);
+        const liveInProgress = fresh();
+        await acquire(liveInProgress);
+        const liveLease = fresh('fp-a', { leaseMs: 60_000, ttlMs: SHORT_MS });
+        await acquire(liveLease);
+        await sleep(SHORT_MS * 2);
+
+        const deleted = await store.purgeExpired(3);
+        if (subject.expiresNatively) {
+          expect(deleted).toBeGreaterThanOrEqual(0);
+        } else {
+          expect(deleted).toBe(expiredCompleted.length + expiredAbandoned.length);
+          expect(await store.purgeExpired(3)).toBe(0);
+        }
+        expectReplay(await store.claim(liveCompleted), sampleResponse());
+        await expectInProgress(liveInProgress);
+        await expectInProgress(liveLease);
+        for (const input of [...expiredCompleted, ...expiredAbandoned]) await acquire(input);
+      });
+    });
+
+    describe('properties', () => {
+      const scopeArb = fc.string({ unit: 'binary', maxLength: 40 }).filter((s) => !s.includes('\u0000'));
+      const keyArb = fc.string({ unit: 'grapheme-ascii', minLength: 1, maxLength: 255 });
+      const responseArb = fc.record({
+        status: fc.integer({ min: 100, max: 599 }),
+        headers: fc.dictionary(
+          fc.stringMatching(/^[a-z][a-z0-9-]{0,20}$/),
+          fc.string({ unit: 'grapheme-ascii', maxLength: 60 }),
+          { maxKeys: 6 },
+        ),
+        body: fc.uint8Array({ maxLength: 4096 }),
+      });
+
+      it('any scope, key and response round-trip through claim, complete and replay', async () => {
+        await fc.assert(
+          fc.asyncProperty(scopeArb, keyArb, responseArb, async (scope, key, response) => {
+            const input = { ...fresh(), scope: `${randomUUID()}${scope}`, key };
+            const token = await acquire(input);
+            expect(await store.complete(input.scope, input.key, token, response)).toBe(true);
+            expectReplay(await store.claim(input), response);
+          }),
+          { numRuns: 60 },
+        );
+      });
+
+      it('distinct (scope, key) pairs never share a record', async () => {
+        await fc.assert(
+          fc.asyncProperty(
+            fc.tuple(scopeArb, keyArb),
+            fc.tuple(scopeArb, keyArb),
+            async ([scopeA, keyA], [scopeB, keyB]) => {
+              fc.pre(scopeA !== scopeB || keyA !== keyB);
+              const nonce = randomUUID();
+              const a = { ...fresh('fp-a'), scope: `${nonce}${scopeA}`, key: keyA };
+              const b = { ...fresh('fp-b'), scope: `${nonce}${scopeB}`, key: keyB };
+              await acquire(a);
+              await acquire(b);
+            },
+          ),
+          { numRuns: 60 },
+        );
+      });
+    });
+
+    describe('atomic mode', () => {
+      let atomic: AtomicStore;
+      let probe: AtomicProbe | undefined;
+
+      beforeAll(() => {
+        if (isAtomicStore(store)) atomic = store;
+        probe = subject.atomicProbe;
+      });
+
+      function skipUnlessAtomic(context: { skip: (note?: string) => void }): void {
+        if (!atomic) context.skip('not an AtomicStore');
+      }
+
+      async function probeCount(): Promise<number> {
+        return probe ? probe.count() : 0;
+      }
+
+      function countingWork(response: StoredResponse, commit = true) {
+        const calls = { count: 0 };
+        const work = async (tx: unknown): Promise<AtomicWorkResult> => {
+          calls.count++;
+          await probe?.write(tx);
+          await sleep(10);
+          return { response, commit };
+        };
+        return { calls, work };
+      }
+
+      it('commits the work, its writes and the response together; later calls replay', async (context) => {
+        skipUnlessAtomic(context);
+        const input = fresh();
+        const before = await probeCount();
+        const { calls, work } = countingWork(sampleResponse());
+        const result = await atomic.atomic(input, work);
+        expect(result.outcome).toBe('executed');
+        if (result.outcome === 'executed') expect(result.committed).toBe(true);
+        expect(await probeCount()).toBe(before + (probe ? 1 : 0));
+        expectReplay(await atomic.claim(input), sampleResponse());
+        expectReplay(await atomic.atomic(input, work), sampleResponse());
+        expect(calls.count).toBe(1);
+        expect(await atomic.atomic(withFingerprint(input, 'fp-b'), work)).toEqual({ outcome: 'mismatch' });
+        expect(calls.count).toBe(1);
+      });
+
+      it('commit: false rolls back the work and the claim; the key is claimable again', async (context) => {
+        skipUnlessAtomic(context);
+        const input = fresh();
+        const before = await probeCount();
+        const { work } = countingWork({ status: 503, headers: {}, body: new Uint8Array([1]) }, false);
+        const result = await atomic.atomic(input, work);
+        expect(result).toMatchObject({ outcome: 'executed', committed: false });
+        expect(await probeCount()).toBe(before);
+        await acquire(input);
+      });
+
+      it('work that throws rolls back and the error reaches the caller', async (context) => {
+        skipUnlessAtomic(context);
+        const input = fresh();
+        const before = await probeCount();
+        const failure = new Error('handler failed');
+        await expect(
+          atomic.atomic(input, async (tx) => {
+            await probe?.write(tx);
+            throw failure;
+          }),
+        ).rejects.toBe(failure);
+        expect(await probeCount()).toBe(before);
+        await acquire(input);
+      });
+
+      it('answers in_progress without running the work while a plain claim holds the key', async (context) => {
+        skipUnlessAtomic(context);
+        const input = fresh();
+        await acquire(input);
+        const { calls, work } = countingWork(sampleResponse());
+        const result = await atomic.atomic(input, work);
+        expect(result.outcome).toBe('in_progress');
+        if (result.outcome === 'in_progress') expect(result.retryAfterMs).toBeGreaterThan(0);
+        expect(calls.count).toBe(0);
+      });
+
+      it('of 20 concurrent atomic calls of one key, one executes and the others replay it', async (context) => {
+        skipUnlessAtomic(context);
+        const input = fresh();
+        const before = await probeCount();
+        const { calls, work } = countingWork(sampleResponse('once'));
+
+        async function untilSettled(): Promise<AtomicResult> {
+          for (let round = 0; round < 100; round++) {
+            const result = await atomic.atomic(input, work);
+            if (result.outcome !== 'in_progress') return result;
+            await atomic.wait(input.scope, input.key, result.retryAfterMs);
+          }
+          throw new Error('still in progress after 100 rounds');
+        }
+
+        const results = await Promise.all(Array.from({ length: 20 }, untilSettled));
+        const executed = results.filter((r) => r.outcome === 'executed');
+        expect(executed).toHaveLength(1);
+        expect(executed[0]).toMatchObject({ committed: true });
+        for (const result of results.filter((r) => r.outcome !== 'executed')) {
+          expectReplay(result, sampleResponse('once'));
+        }
+        expect(calls.count).toBe(1);
+        expect(await probeCount()).toBe(before + (probe ? 1 : 0));
+      });
+    });
+  });
+}
