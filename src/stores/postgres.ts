@@ -1,0 +1,424 @@
+import { createHash, randomUUID } from 'node:crypto';
+import pg from 'pg';
+import type {
+  AtomicResult,
+  AtomicStore,
+  AtomicWorkResult,
+  ClaimInput,
+  ClaimResult,
+  StoredResponse,
+} from '../core/types.js';
+import { DEFAULT_PURGE_BATCH_SIZE, requirePositiveInteger, Waiters } from './internal.js';
+import { pollUntilSettled } from './poll-wait.js';
+
+export interface PostgresStoreOptions {
+  /**
+   * A `pg` pool to use. The store never ends it, and its owner should handle its `error` event
+   * (a dropped idle connection is otherwise an uncaught error). One of `pool`/`connectionString`.
+   */
+  pool?: pg.Pool;
+  /** A `postgres://` URL; the store then owns a pool built with the timeouts below. */
+  connectionString?: string;
+  /**
+   * Schema of the table; `migrate()` creates it when missing.
+   * @default 'public'
+   */
+  schema?: string;
+  /** @default 'retrysafe_keys' */
+  table?: string;
+  /**
+   * Connections of the store's own pool.
+   * @default 10
+   */
+  maxConnections?: number;
+  /**
+   * How long opening a connection of the store's own pool may take before the call rejects, so
+   * an unreachable database fails fast instead of hanging a request.
+   * @default 5000
+   */
+  connectTimeoutMs?: number;
+  /**
+   * Server-side `statement_timeout` of the store's own pool (a client-side guard fires a second
+   * later for a network that stopped answering). Also bounds how long an atomic claim blocks
+   * behind a concurrent duplicate.
+   * @default 15000
+   */
+  statementTimeoutMs?: number;
+}
+
+/** The PostgreSQL store: lease mode through the `IdempotencyStore` methods, atomic mode through `atomic`. */
+export interface PostgresStore extends AtomicStore<pg.PoolClient> {
+  /** Creates the schema, table and index when missing; safe to run again and concurrently. */
+  migrate(): Promise<void>;
+  /** The pool the store queries; handlers in atomic mode get a client of it as `tx`. */
+  readonly pool: pg.Pool;
+}
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
+/**
+ * A claim that loses to a record changing under it (released, expired, lease passed between the
+ * insert and the read) tries again; a few rounds settle any realistic interleaving.
+ */
+const CLAIM_ATTEMPTS = 4;
+/**
+ * An atomic claim that timed out behind an uncommitted duplicate cannot read that duplicate's
+ * lease; this is the retry hint it answers with instead.
+ */
+const BLOCKED_RETRY_AFTER_MS = 1000;
+const LOCK_NOT_AVAILABLE = '55P03';
+const QUERY_CANCELED = '57014';
+const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
+
+function identifier(name: string, value: string): string {
+  if (!IDENTIFIER.test(value)) {
+    throw new TypeError(`postgresStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`);
+  }
+  return value;
+}
+
+function toBuffer(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
+interface RecordRow {
+  fingerprint: string;
+  state: 'in_progress' | 'completed';
+  lease_left_ms: string | null;
+  claimable: boolean;
+  response_status: number | null;
+  response_headers: Record<string, string> | null;
+  response_body: Buffer | null;
+}
+
+/**
+ * A store on PostgreSQL through `pg`, for several app servers or hosts sharing one database.
+ * Claims are one `INSERT … ON CONFLICT` on the `(scope, key)` primary key; every time comes from
+ * the database server's clock; waits use `LISTEN/NOTIFY` (one listening connection per store) with
+ * polling as the fallback. `atomic()` runs the claim, the handler's queries on `tx` and the saved
+ * response in one transaction: a crash leaves all of it or none of it, and a concurrent duplicate
+ * blocks on the primary key until the first commits (then replays) or rolls back (then runs).
+ *
+ * Call `migrate()` (or `retrysafe migrate --database-url …`) once before use.
+ *
+ * @example
+ * ```ts
+ * import { postgresStore } from 'retrysafe/postgres';
+ * const store = postgresStore({ connectionString: process.env.DATABASE_URL, schema: 'app' });
+ * await store.migrate();
+ * ```
+ */
+export function postgresStore(options: PostgresStoreOptions): PostgresStore {
+  if (!options || (options.pool === undefined) === (options.connectionString === undefined)) {
+    throw new TypeError('postgresStore: pass exactly one of `pool` and `connectionString`');
+  }
+  const schema = identifier('schema', options.schema ?? 'public');
+  const table = identifier('table', options.table ?? 'retrysafe_keys');
+  const maxConnections = requirePositiveInteger(
+    'postgresStore',
+    'maxConnections',
+    options.maxConnections ?? 10,
+  );
+  const connectTimeoutMs = requirePositiveInteger(
+    'postgresStore',
+    'connectTimeoutMs',
+    options.connectTimeoutMs ?? 5000,
+  );
+  const statementTimeoutMs = requirePositiveInteger(
+    'postgresStore',
+    'statementTimeoutMs',
+    options.statementTimeoutMs ?? 15_000,
+  );
+
+  const ownsPool = options.pool === undefined;
+  const pool =
+    options.pool ??
+    new pg.Pool({
+      connectionString: options.connectionString,
+      max: maxConnections,
+      connectionTimeoutMillis: connectTimeoutMs,
+      statement_timeout: statementTimeoutMs,
+      query_timeout: statementTimeoutMs + 1000,
+      keepAlive: true,
+      application_name: 'retrysafe',
+    });
+  // A connection dropped while idle (database restart) surfaces here; the next query reconnects.
+  if (ownsPool) pool.on('error', () => {});
+
+  const qualified = `"${schema}"."${table}"`;
+  // One name per table so two stores on one pool never share a prepared statement of another text.
+  const tag = createHash('sha1').update(qualified).digest('hex').slice(0, 12);
+  const channel = `retrysafe_${tag}`;
+  const recordId = (scope: string, key: string) =>
+    createHash('sha1').update(scope).update('\0').update(key).digest('base64');
+
+  const CLAIM = {
+    name: `retrysafe_claim_${tag}`,
+    text: `INSERT INTO ${qualified} AS r
+        (scope, key, fingerprint, state, owner_token, lease_until_ms, created_at_ms, expires_at_ms)
+      SELECT $1, $2, $3, 'in_progress', $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM (SELECT ${NOW_MS} AS ms) n
+      ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 'in_progress',
+        owner_token = excluded.owner_token, lease_until_ms = excluded.lease_until_ms,
+        response_status = NULL, response_headers = NULL, response_body = NULL,
+        created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms
+      WHERE r.expires_at_ms <= excluded.created_at_ms
+        OR (r.state = 'in_progress' AND r.lease_until_ms <= excluded.created_at_ms
+            AND r.fingerprint = excluded.fingerprint)
+      RETURNING owner_token`,
+  };
+  const READ = {
+    name: `retrysafe_read_${tag}`,
+    text: `SELECT fingerprint, state, lease_until_ms - n.ms AS lease_left_ms,
+        (expires_at_ms <= n.ms OR (state = 'in_progress' AND lease_until_ms <= n.ms AND fingerprint = $3))
+          AS claimable,
+        response_status, response_headers, response_body
+      FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n WHERE scope = $1 AND key = $2`,
+  };
+  const LEASE_LEFT = {
+    name: `retrysafe_lease_left_${tag}`,
+    text: `SELECT lease_until_ms - n.ms AS lease_left_ms FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
+      WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND lease_until_ms > n.ms
+        AND expires_at_ms > n.ms`,
+  };
+  // The NOTIFY rides in the same statement (and, in atomic mode, is delivered at COMMIT).
+  const COMPLETE = {
+    name: `retrysafe_complete_${tag}`,
+    text: `WITH done AS (
+        UPDATE ${qualified} SET state = 'completed', lease_until_ms = NULL,
+          response_status = $4, response_headers = $5, response_body = $6
+        WHERE scope = $1 AND key = $2 AND owner_token = $3 AND state = 'in_progress'
+          AND expires_at_ms > ${NOW_MS}
+        RETURNING 1)
+      SELECT pg_notify($7, $8) FROM done`,
+  };
+  const RELEASE = {
+    name: `retrysafe_release_${tag}`,
+    text: `WITH gone AS (
+        DELETE FROM ${qualified}
+        WHERE scope = $1 AND key = $2 AND owner_token = $3 AND state = 'in_progress'
+          AND expires_at_ms > ${NOW_MS}
+        RETURNING 1)
+      SELECT pg_notify($4, $5) FROM gone`,
+  };
+  // SKIP LOCKED: rows a claim is taking over right now are left for the next purge.
+  const PURGE = {
+    name: `retrysafe_purge_${tag}`,
+    text: `WITH n AS (SELECT ${NOW_MS} AS ms)
+      DELETE FROM ${qualified} WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM ${qualified}, n
+        WHERE expires_at_ms <= n.ms AND NOT (state = 'in_progress' AND lease_until_ms > n.ms)
+        LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+  };
+
+  async function claimOn(client: pg.Pool | pg.PoolClient, input: ClaimInput): Promise<ClaimResult> {
+    for (let attempt = 1; ; attempt++) {
+      const token = randomUUID();
+      const inserted = await client.query({
+        ...CLAIM,
+        values: [input.scope, input.key, input.fingerprint, token, input.leaseMs, input.ttlMs],
+      });
+      if (inserted.rowCount === 1) return { outcome: 'acquired', token };
+      const { rows } = await client.query<RecordRow>({
+        ...READ,
+        values: [input.scope, input.key, input.fingerprint],
+      });
+      const row = rows[0];
+      if (row && !row.claimable) {
+        if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
+        if (row.state === 'completed') {
+          return {
+            outcome: 'replay',
+            response: {
+              status: row.response_status!,
+              headers: row.response_headers ?? {},
+              body: row.response_body ?? Buffer.alloc(0),
+            },
+          };
+        }
+        return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
+      }
+      if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
+    }
+  }
+
+  function completeValues(scope: string, key: string, token: string, response: StoredResponse) {
+    return [
+      scope,
+      key,
+      token,
+      response.status,
+      JSON.stringify(response.headers),
+      toBuffer(response.body),
+      channel,
+      recordId(scope, key),
+    ];
+  }
+
+  const waiters = new Waiters();
+  let listener: Promise<pg.Client> | undefined;
+  let closed = false;
+
+  function listen(): void {
+    if (listener || closed) return;
+    const client = new pg.Client({ ...pool.options, connectionTimeoutMillis: connectTimeoutMs });
+    let dropped = false;
+    const drop = () => {
+      if (dropped) return;
+      dropped = true;
+      if (current === listener) listener = undefined;
+      client.removeAllListeners('notification');
+      client.end().catch(() => {});
+    };
+    client.on('error', drop);
+    client.on('end', drop);
+    client.on('notification', (message) => {
+      if (message.channel === channel && message.payload) waiters.wake(message.payload);
+    });
+    const current = (async () => {
+      await client.connect();
+      await client.query(`LISTEN "${channel}"`);
+      return client;
+    })();
+    listener = current;
+    // Until the listener is up (or after it drops), waits fall back to polling.
+    current.catch(drop);
+  }
+
+  return {
+    name: 'postgres',
+    pool,
+
+    async migrate() {
+      const client = await pool.connect();
+      try {
+        await client.query('BEGIN');
+        // Two app servers migrating at once would otherwise race on CREATE … IF NOT EXISTS.
+        await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_${qualified}`]);
+        const { rowCount } = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
+        if (rowCount === 0) await client.query(`CREATE SCHEMA IF NOT EXISTS "${schema}"`);
+        await client.query(`CREATE TABLE IF NOT EXISTS ${qualified} (
+          scope text NOT NULL,
+          key text NOT NULL,
+          fingerprint text NOT NULL,
+          state text NOT NULL CHECK (state IN ('in_progress', 'completed')),
+          owner_token text NOT NULL,
+          lease_until_ms bigint,
+          response_status integer,
+          response_headers json,
+          response_body bytea,
+          created_at_ms bigint NOT NULL,
+          expires_at_ms bigint NOT NULL,
+          PRIMARY KEY (scope, key))`);
+        await client.query(
+          `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms_idx" ON ${qualified} (expires_at_ms)`,
+        );
+        await client.query('COMMIT');
+      } catch (error) {
+        await client.query('ROLLBACK').catch(() => {});
+        throw error;
+      } finally {
+        client.release();
+      }
+    },
+
+    claim(input) {
+      return claimOn(pool, input);
+    },
+
+    async complete(scope, key, token, response) {
+      const { rowCount } = await pool.query({
+        ...COMPLETE,
+        values: completeValues(scope, key, token, response),
+      });
+      return rowCount === 1;
+    },
+
+    async release(scope, key, token) {
+      const { rowCount } = await pool.query({
+        ...RELEASE,
+        values: [scope, key, token, channel, recordId(scope, key)],
+      });
+      return rowCount === 1;
+    },
+
+    async wait(scope, key, timeoutMs) {
+      listen();
+      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
+        const { rows } = await pool.query<{ lease_left_ms: string }>({ ...LEASE_LEFT, values: [scope, key] });
+        return rows[0] ? Number(rows[0].lease_left_ms) : null;
+      });
+    },
+
+    async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
+      requirePositiveInteger('postgresStore', 'batchSize', batchSize);
+      let total = 0;
+      for (;;) {
+        const { rowCount } = await pool.query({ ...PURGE, values: [batchSize] });
+        total += rowCount ?? 0;
+        if ((rowCount ?? 0) < batchSize) return total;
+      }
+    },
+
+    async atomic(
+      input: ClaimInput,
+      work: (tx: pg.PoolClient) => Promise<AtomicWorkResult>,
+    ): Promise<AtomicResult> {
+      const client = await pool.connect();
+      // A connection that dies between our queries (while the handler awaits something else)
+      // would otherwise emit an unhandled 'error'; the next query on it rejects instead.
+      let broken: Error | undefined;
+      const onError = (error: Error) => {
+        broken = error;
+      };
+      client.on('error', onError);
+      try {
+        await client.query('BEGIN');
+        // A duplicate blocks on the primary key until the first transaction ends; bound that.
+        await client.query(`SELECT set_config('lock_timeout', $1, true)`, [
+          String(Math.min(input.leaseMs, statementTimeoutMs)),
+        ]);
+        let claimed: ClaimResult;
+        try {
+          claimed = await claimOn(client, input);
+        } catch (error) {
+          const code = (error as { code?: string }).code;
+          if (code !== LOCK_NOT_AVAILABLE && code !== QUERY_CANCELED) throw error;
+          claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
+        }
+        if (claimed.outcome !== 'acquired') {
+          await client.query('ROLLBACK');
+          return claimed;
+        }
+        await client.query('SET LOCAL lock_timeout TO DEFAULT');
+        const result = await work(client);
+        if (!result.commit) {
+          await client.query('ROLLBACK');
+          return { outcome: 'executed', response: result.response, committed: false };
+        }
+        const saved = await client.query({
+          ...COMPLETE,
+          values: completeValues(input.scope, input.key, claimed.token, result.response),
+        });
+        if (saved.rowCount !== 1) throw new Error('postgresStore: the atomic claim was lost before commit');
+        await client.query('COMMIT');
+        return { outcome: 'executed', response: result.response, committed: true };
+      } catch (error) {
+        await client.query('ROLLBACK').catch((rollbackError: Error) => {
+          broken ??= rollbackError;
+        });
+        throw error;
+      } finally {
+        client.off('error', onError);
+        client.release(broken);
+      }
+    },
+
+    async close() {
+      closed = true;
+      waiters.wakeAll();
+      const current = listener;
+      listener = undefined;
+      if (current) await current.then((client) => client.end()).catch(() => {});
+      if (ownsPool) await pool.end();
+    },
+  };
+}

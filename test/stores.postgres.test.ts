@@ -1,0 +1,183 @@
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ClaimInput, StoredResponse } from '../src/core/types.js';
+import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
+import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+
+const response = (text: string, status = 201): StoredResponse => ({
+  status,
+  headers: { 'content-type': 'text/plain' },
+  body: new TextEncoder().encode(text),
+});
+
+describe.skipIf(!hasPostgres)('postgres store specifics', () => {
+  const schema = uniqueName('rs_pg');
+  let admin: pg.Client;
+  let store: PostgresStore;
+  const input = (key: string, fingerprint = 'f1'): ClaimInput => ({
+    scope: 's',
+    key,
+    fingerprint,
+    leaseMs: 10_000,
+    ttlMs: 60_000,
+  });
+
+  beforeAll(async () => {
+    admin = new pg.Client({ connectionString: PG_URL });
+    await admin.connect();
+    store = postgresStore({ connectionString: PG_URL, schema });
+    await store.migrate();
+    await admin.query(`CREATE TABLE "${schema}".effect (key text NOT NULL)`);
+  });
+
+  afterAll(async () => {
+    await store?.close();
+    await admin?.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    await admin?.end();
+  });
+
+  it('rejects bad options naming the option', () => {
+    expect(() => postgresStore({ connectionString: PG_URL, schema: 'a;drop' })).toThrow(/`schema`/);
+    expect(() => postgresStore({} as never)).toThrow(/`pool` and `connectionString`/);
+    expect(() => postgresStore({ connectionString: PG_URL, statementTimeoutMs: 0 })).toThrow(
+      /`statementTimeoutMs`/,
+    );
+  });
+
+  it('migrate is idempotent, also when run concurrently', async () => {
+    const other = postgresStore({ connectionString: PG_URL, schema: `${schema}_m`, table: 'keys' });
+    try {
+      await Promise.all([other.migrate(), other.migrate(), other.migrate()]);
+      await other.migrate();
+      const { rows } = await admin.query(
+        `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'keys' ORDER BY 1`,
+        [`${schema}_m`],
+      );
+      expect(rows.map((r) => r.indexname)).toEqual(['keys_expires_at_ms_idx', 'keys_pkey']);
+    } finally {
+      await other.close();
+      await admin.query(`DROP SCHEMA IF EXISTS "${schema}_m" CASCADE`);
+    }
+  });
+
+  it('stores times from the database clock in milliseconds', async () => {
+    const claimed = await store.claim(input('clock'));
+    expect(claimed.outcome).toBe('acquired');
+    const { rows } = await admin.query(
+      `SELECT lease_until_ms - created_at_ms AS lease_ms, expires_at_ms - created_at_ms AS ttl_ms,
+        abs(created_at_ms - (extract(epoch FROM now()) * 1000)) < 60000 AS recent
+       FROM "${schema}".retrysafe_keys WHERE key = 'clock'`,
+    );
+    expect(rows[0]).toEqual({ lease_ms: '10000', ttl_ms: '60000', recent: true });
+  });
+
+  it('replays binary bodies byte for byte', async () => {
+    const body = new Uint8Array([0, 255, 1, 128, 10, 13, 0]);
+    const claimed = await store.claim(input('binary'));
+    if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+    expect(await store.complete('s', 'binary', claimed.token, { status: 200, headers: {}, body })).toBe(true);
+    const replay = await store.claim(input('binary'));
+    expect(replay.outcome === 'replay' && [...replay.response.body]).toEqual([...body]);
+  });
+
+  it('wakes a waiter through LISTEN/NOTIFY', async () => {
+    const claimed = await store.claim(input('notify'));
+    if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+    let settled = false;
+    const waiting = store.wait('s', 'notify', 20_000).then(() => {
+      settled = true;
+    });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(settled).toBe(false);
+    await store.complete('s', 'notify', claimed.token, response('done'));
+    await waiting;
+    expect(settled).toBe(true);
+  });
+
+  describe('atomic mode', () => {
+    const effects = async (key: string) =>
+      Number(
+        (await admin.query(`SELECT count(*) FROM "${schema}".effect WHERE key = $1`, [key])).rows[0].count,
+      );
+
+    it('commits the claim, the handler writes and the response together', async () => {
+      const result = await store.atomic(input('a1'), async (tx) => {
+        await tx.query(`INSERT INTO "${schema}".effect VALUES ('a1')`);
+        return { response: response('one'), commit: true };
+      });
+      expect(result).toMatchObject({ outcome: 'executed', committed: true });
+      expect(await effects('a1')).toBe(1);
+      const again = await store.atomic(input('a1'), async () => {
+        throw new Error('must not run');
+      });
+      expect(again.outcome === 'replay' && new TextDecoder().decode(again.response.body)).toBe('one');
+    });
+
+    it('a concurrent duplicate blocks until the first commits, then replays', async () => {
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      let entered!: () => void;
+      const inside = new Promise<void>((resolve) => {
+        entered = resolve;
+      });
+      const first = store.atomic(input('a2'), async (tx) => {
+        await tx.query(`INSERT INTO "${schema}".effect VALUES ('a2')`);
+        entered();
+        await gate;
+        return { response: response('first'), commit: true };
+      });
+      await inside;
+      let secondRan = false;
+      const second = store.atomic(input('a2'), async () => {
+        secondRan = true;
+        return { response: response('second'), commit: true };
+      });
+      await new Promise((resolve) => setTimeout(resolve, 200));
+      release();
+      const [a, b] = await Promise.all([first, second]);
+      expect(a.outcome).toBe('executed');
+      expect(b.outcome === 'replay' && new TextDecoder().decode(b.response.body)).toBe('first');
+      expect(secondRan).toBe(false);
+      expect(await effects('a2')).toBe(1);
+    });
+
+    it('a duplicate proceeds when the first rolls back; commit:false and throws leave nothing', async () => {
+      const rolledBack = await store.atomic(input('a3'), async (tx) => {
+        await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
+        return { response: response('oops', 500), commit: false };
+      });
+      expect(rolledBack).toMatchObject({ outcome: 'executed', committed: false });
+      await expect(
+        store.atomic(input('a3'), async (tx) => {
+          await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
+          throw new Error('handler failed');
+        }),
+      ).rejects.toThrow('handler failed');
+      expect(await effects('a3')).toBe(0);
+      const { rowCount } = await admin.query(`SELECT 1 FROM "${schema}".retrysafe_keys WHERE key = 'a3'`);
+      expect(rowCount).toBe(0);
+      const third = await store.atomic(input('a3'), async (tx) => {
+        await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
+        return { response: response('ok'), commit: true };
+      });
+      expect(third.outcome).toBe('executed');
+      expect(await effects('a3')).toBe(1);
+    });
+
+    it('a crash mid-transaction leaves no orphaned in-progress row', async () => {
+      await expect(
+        store.atomic(input('a4'), async (tx) => {
+          await tx.query(`INSERT INTO "${schema}".effect VALUES ('a4')`);
+          const { rows } = await tx.query('SELECT pg_backend_pid() AS pid');
+          await admin.query('SELECT pg_terminate_backend($1)', [rows[0].pid]);
+          await tx.query('SELECT 1');
+          return { response: response('never'), commit: true };
+        }),
+      ).rejects.toThrow();
+      expect(await effects('a4')).toBe(0);
+      expect((await store.claim(input('a4'))).outcome).toBe('acquired');
+    });
+  });
+});
