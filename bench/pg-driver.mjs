@@ -66,7 +66,7 @@ const contenders = {
 };
 const results = Object.fromEntries(Object.keys(contenders).map((k) => [k, []]));
 try {
-  for (const [label, [claim, complete]] of Object.entries(contenders)) await run(claim, complete); // warm-up
+  for (const [claim, complete] of Object.values(contenders)) await run(claim, complete); // warm-up
   for (let round = 0; round < ROUNDS; round++) {
     for (const [label, [claim, complete]] of Object.entries(contenders)) {
       results[label].push(await run(claim, complete));

@@ -2,7 +2,33 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/types.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
+import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+
+describe.skipIf(!hasPostgres)('postgres', () => {
+  describeStoreConformance('postgres (lease and atomic mode)', async () => {
+    const schema = uniqueName('rs_pg_conf');
+    const admin = new pg.Pool({ connectionString: PG_URL, max: 2 });
+    const store = postgresStore({ connectionString: PG_URL, schema });
+    await store.migrate();
+    await admin.query(`CREATE TABLE "${schema}".probe (id serial PRIMARY KEY)`);
+    return {
+      store,
+      atomicProbe: {
+        async write(tx: pg.PoolClient) {
+          await tx.query(`INSERT INTO "${schema}".probe DEFAULT VALUES`);
+        },
+        async count() {
+          return Number((await admin.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
+        },
+      },
+      async cleanup() {
+        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await admin.end();
+      },
+    };
+  });
+});
 
 const response = (text: string, status = 201): StoredResponse => ({
   status,
