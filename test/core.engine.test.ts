@@ -1,0 +1,376 @@
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, describe, expect, it } from 'vitest';
+import {
+  type CapturedResponse,
+  ConfigError,
+  createIdempotency,
+  type IdempotencyOptions,
+  type IdempotencyStore,
+  type IncomingRequest,
+  type StoredResponse,
+} from '../src/core/index.js';
+import { memoryStore } from '../src/stores/memory.js';
+
+const stores: IdempotencyStore[] = [];
+afterEach(async () => {
+  await Promise.all(stores.splice(0).map((s) => s.close()));
+});
+
+function engine(options: Partial<IdempotencyOptions<{ token?: string }>> = {}) {
+  const store = options.store ?? memoryStore();
+  stores.push(store);
+  return createIdempotency<{ token?: string }>({ scope: (req) => req.token ?? '', ...options, store });
+}
+
+function request(
+  key: string | string[] | undefined,
+  body: unknown = { member: 'U-1001', isbn: 'K-02' },
+  extra: Partial<IncomingRequest<{ token?: string }>> = {},
+): IncomingRequest<{ token?: string }> {
+  return {
+    method: 'POST',
+    path: '/loans',
+    keyHeader: key,
+    contentType: 'application/json',
+    readBody: async () => Buffer.from(JSON.stringify(body)),
+    raw: {},
+    ...extra,
+  };
+}
+
+/** A handler that counts its runs and answers 201 with the run number. */
+function counter(response: Partial<CapturedResponse> = {}) {
+  const state = { runs: 0 };
+  const run = async (): Promise<CapturedResponse> => {
+    state.runs += 1;
+    return {
+      status: 201,
+      headers: {
+        'content-type': 'application/json',
+        location: `/loans/${state.runs}`,
+        'set-cookie': 'session=secret',
+        date: 'Sun, 29 Nov 2026 08:00:00 GMT',
+        'x-request-id': `r${state.runs}`,
+      },
+      body: Buffer.from(JSON.stringify({ id: state.runs })),
+      complete: true,
+      ...response,
+    };
+  };
+  return Object.assign(state, { run });
+}
+
+function deferred() {
+  let resolve!: () => void;
+  const promise = new Promise<void>((r) => {
+    resolve = r;
+  });
+  return { promise, resolve };
+}
+
+const text = (response: StoredResponse) => Buffer.from(response.body).toString();
+
+describe('engine outcomes', () => {
+  it('passes through methods that are not guarded and keyless requests on optional routes', async () => {
+    const idem = engine();
+    const handler = counter();
+    expect(await idem.handle(request('k1', {}, { method: 'GET' }), handler.run)).toEqual({ kind: 'pass' });
+    expect(await idem.handle(request('k1', {}, { method: 'PUT' }), handler.run)).toEqual({ kind: 'pass' });
+    expect(await idem.handle(request(undefined), handler.run)).toEqual({ kind: 'pass' });
+    expect(handler.runs).toBe(0);
+  });
+
+  it('answers 400 when a required key is missing, before reading the body', async () => {
+    const idem = engine({ required: true });
+    let bodyRead = false;
+    const outcome = await idem.handle(
+      request(
+        undefined,
+        {},
+        {
+          readBody: async () => {
+            bodyRead = true;
+            return Buffer.alloc(0);
+          },
+        },
+      ),
+      counter().run,
+    );
+    expect(outcome.kind === 'rejected' && outcome.error.status).toBe(400);
+    expect(outcome.kind === 'rejected' && outcome.error.code).toBe('idempotency_key_missing');
+    expect(bodyRead).toBe(false);
+  });
+
+  it.each([[''], ['a'.repeat(256)], [['a', 'b']], ['"unterminated']])(
+    'answers 400 to the malformed key %j without running the handler',
+    async (key) => {
+      const idem = engine();
+      const handler = counter();
+      const outcome = await idem.handle(request(key), handler.run);
+      expect(outcome.kind === 'rejected' && outcome.error.code).toBe('idempotency_key_invalid');
+      expect(handler.runs).toBe(0);
+    },
+  );
+
+  it('runs once, then replays status, allowed headers and body with Idempotency-Replayed', async () => {
+    const idem = engine({ replayHeaders: ['X-Request-Id'] });
+    const handler = counter();
+    const first = await idem.handle(request('OD-7f21'), handler.run);
+    expect(first.kind).toBe('executed');
+    const second = await idem.handle(request('OD-7f21', { isbn: 'K-02', member: 'U-1001' }), handler.run);
+    expect(handler.runs).toBe(1);
+    expect(second.kind).toBe('replayed');
+    if (second.kind !== 'replayed') return;
+    expect(second.response.status).toBe(201);
+    expect(text(second.response)).toBe('{"id":1}');
+    expect(second.response.headers).toEqual({
+      'content-type': 'application/json',
+      location: '/loans/1',
+      'x-request-id': 'r1',
+      'idempotency-replayed': 'true',
+    });
+  });
+
+  it('rejects a key reused with another body: 409, or 422 problem+json under the ietf profile', async () => {
+    for (const [profile, status] of [
+      ['default', 409],
+      ['ietf', 422],
+    ] as const) {
+      const idem = engine({ profile });
+      const handler = counter();
+      await idem.handle(request('k'), handler.run);
+      const outcome = await idem.handle(request('k', { member: 'U-1002', isbn: 'K-03' }), handler.run);
+      expect(handler.runs).toBe(1);
+      if (outcome.kind !== 'rejected') throw new Error(`expected a rejection, got ${outcome.kind}`);
+      const rendered = idem.render(outcome.error);
+      expect(rendered.status).toBe(status);
+      if (profile === 'ietf') {
+        expect(rendered.headers['content-type']).toBe('application/problem+json');
+        expect(JSON.parse(text(rendered))).toMatchObject({ status: 422, title: 'key_conflict' });
+      } else {
+        expect(JSON.parse(text(rendered))).toMatchObject({ error: 'key_conflict', key: 'k' });
+      }
+    }
+  });
+
+  it('rejects the same key on another path or method', async () => {
+    const idem = engine();
+    const handler = counter();
+    await idem.handle(request('k'), handler.run);
+    const otherPath = await idem.handle(request('k', undefined, { path: '/holds' }), handler.run);
+    const otherMethod = await idem.handle(request('k', undefined, { method: 'PATCH' }), handler.run);
+    expect([otherPath.kind, otherMethod.kind]).toEqual(['rejected', 'rejected']);
+    expect(handler.runs).toBe(1);
+  });
+
+  it('keeps scopes apart: the same key from two clients is two operations', async () => {
+    const idem = engine();
+    const handler = counter();
+    const a = await idem.handle(request('k', undefined, { raw: { token: 'alice' } }), handler.run);
+    const b = await idem.handle(request('k', undefined, { raw: { token: 'bob' } }), handler.run);
+    expect([a.kind, b.kind]).toEqual(['executed', 'executed']);
+    expect(handler.runs).toBe(2);
+  });
+
+  it('makes a duplicate wait for the in-progress original, then replays it', async () => {
+    const idem = engine({ wait: '5s' });
+    const gate = deferred();
+    const handler = counter();
+    const slow = async () => {
+      await gate.promise;
+      return handler.run();
+    };
+    const original = idem.handle(request('k'), slow);
+    await sleep(10);
+    const duplicate = idem.handle(request('k'), slow);
+    await sleep(20);
+    gate.resolve();
+    const [first, second] = await Promise.all([original, duplicate]);
+    expect(first.kind).toBe('executed');
+    expect(second.kind).toBe('replayed');
+    expect(handler.runs).toBe(1);
+  });
+
+  it('answers 409 + Retry-After at once under concurrency: reject, and after waitMs otherwise', async () => {
+    for (const options of [{ concurrency: 'reject' as const }, { wait: 30 }]) {
+      const idem = engine(options);
+      const gate = deferred();
+      const original = idem.handle(request('k'), async () => {
+        await gate.promise;
+        return counter().run();
+      });
+      await sleep(5);
+      const outcome = await idem.handle(request('k'), counter().run);
+      gate.resolve();
+      await original;
+      if (outcome.kind !== 'rejected') throw new Error(`expected a rejection, got ${outcome.kind}`);
+      expect(outcome.error.status).toBe(409);
+      expect(outcome.error.code).toBe('request_in_progress');
+      expect(Number(outcome.error.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    }
+  });
+
+  it('releases the key when the handler throws, so the retry runs', async () => {
+    const idem = engine();
+    const handler = counter();
+    await expect(
+      idem.handle(request('k'), async () => {
+        throw new Error('boom');
+      }),
+    ).rejects.toThrow('boom');
+    expect((await idem.handle(request('k'), handler.run)).kind).toBe('executed');
+    expect(handler.runs).toBe(1);
+  });
+
+  it('releases the key on 5xx and on a response that was streamed, not kept', async () => {
+    const idem = engine();
+    for (const [i, failure] of [{ status: 503 }, { complete: false }].entries()) {
+      const key = `k-${i}`;
+      const first = counter(failure);
+      await idem.handle(request(key), first.run);
+      const retry = counter();
+      expect((await idem.handle(request(key), retry.run)).kind).toBe('executed');
+      expect(retry.runs).toBe(1);
+    }
+  });
+
+  it('lets storeStatus decide what is kept', async () => {
+    const idem = engine({ storeStatus: (status) => status < 400 });
+    const handler = counter({ status: 422 });
+    await idem.handle(request('k'), handler.run);
+    await idem.handle(request('k'), handler.run);
+    expect(handler.runs).toBe(2);
+  });
+
+  it('treats a key older than the retention window as a new operation', async () => {
+    const idem = engine({ ttl: 40, lease: 20 });
+    const handler = counter();
+    await idem.handle(request('k'), handler.run);
+    expect((await idem.handle(request('k'), handler.run)).kind).toBe('replayed');
+    await sleep(60);
+    expect((await idem.handle(request('k'), handler.run)).kind).toBe('executed');
+    expect(handler.runs).toBe(2);
+  });
+
+  it('lets a retry take over once the lease of a stuck owner has passed', async () => {
+    const idem = engine({ lease: 30, wait: '2s' });
+    const stuck = deferred();
+    void idem.handle(request('k'), async () => {
+      await stuck.promise;
+      return counter().run();
+    });
+    await sleep(5);
+    const retry = counter();
+    expect((await idem.handle(request('k'), retry.run)).kind).toBe('executed');
+    expect(retry.runs).toBe(1);
+    stuck.resolve();
+  });
+
+  it('answers 503 and never runs the handler when the store fails or hangs', async () => {
+    const failing: IdempotencyStore = {
+      ...memoryStore(),
+      name: 'failing',
+      claim: async () => {
+        throw new Error('connection refused');
+      },
+    };
+    const hanging: IdempotencyStore = {
+      ...memoryStore(),
+      name: 'hanging',
+      claim: () => new Promise(() => {}),
+    };
+    for (const store of [failing, hanging]) {
+      const idem = engine({ store, storeTimeout: 50 });
+      const handler = counter();
+      const outcome = await idem.handle(request('k'), handler.run);
+      if (outcome.kind !== 'rejected') throw new Error(`expected a rejection, got ${outcome.kind}`);
+      expect(outcome.error.status).toBe(503);
+      expect(JSON.parse(text(idem.render(outcome.error)))).toMatchObject({ error: 'store_unavailable' });
+      expect(handler.runs).toBe(0);
+    }
+  });
+
+  it('encrypts stored bodies and decrypts replays; a wrong key cannot read them', async () => {
+    const saved: StoredResponse[] = [];
+    const inner = memoryStore();
+    const spy: IdempotencyStore = {
+      ...inner,
+      complete: (scope, key, token, response) => {
+        saved.push(response);
+        return inner.complete(scope, key, token, response);
+      },
+    };
+    const encryptionKey = Buffer.alloc(32, 7).toString('base64');
+    const idem = engine({ store: spy, encryptionKey });
+    const handler = counter();
+    await idem.handle(request('k'), handler.run);
+    expect(Buffer.from(saved[0]!.body).toString()).not.toContain('"id"');
+    const replay = await idem.handle(request('k'), handler.run);
+    expect(replay.kind === 'replayed' && text(replay.response)).toBe('{"id":1}');
+    const otherKey = createIdempotency({ store: spy, encryptionKey: Buffer.alloc(32, 8) });
+    const unreadable = await otherKey.handle(request('k'), handler.run);
+    expect(unreadable.kind === 'rejected' && unreadable.error.code).toBe('replay_unreadable');
+  });
+
+  it('hands the handler its key and a stable downstream key per purpose and scope', async () => {
+    const idem = engine();
+    const keys: string[] = [];
+    const derived: string[] = [];
+    const run = async (ctx: { key: string; downstreamKey(p: string): string }) => {
+      keys.push(ctx.key);
+      derived.push(ctx.downstreamKey('payments'), ctx.downstreamKey('email'));
+      expect(ctx.downstreamKey('payments')).toBe(derived.at(-2));
+      return counter().run();
+    };
+    await idem.handle(request('k1', undefined, { raw: { token: 'a' } }), run);
+    await idem.handle(request('k1', undefined, { raw: { token: 'b' } }), run);
+    expect(keys).toEqual(['k1', 'k1']);
+    expect(new Set(derived).size).toBe(4);
+  });
+
+  it('maps a 413 thrown by the body reader to a rejection', async () => {
+    const idem = engine({ maxBodyBytes: 10 });
+    const outcome = await idem.handle(
+      request(
+        'k',
+        {},
+        {
+          readBody: async () => {
+            throw idem.bodyTooLarge();
+          },
+        },
+      ),
+      counter().run,
+    );
+    expect(outcome.kind === 'rejected' && outcome.error.status).toBe(413);
+  });
+});
+
+describe('engine options', () => {
+  it.each([
+    [{ ttl: 'forever' }, '`ttl`'],
+    [{ ttl: -5 }, '`ttl`'],
+    [{ lease: '2d', ttl: '1d' }, '`lease`'],
+    [{ wait: 'soon' }, '`wait`'],
+    [{ mode: 'atomic' }, "`mode: 'atomic'`"],
+    [{ mode: 'eventually' }, '`mode`'],
+    [{ concurrency: 'queue' }, '`concurrency`'],
+    [{ profile: 'stripe' }, '`profile`'],
+    [{ maxKeyLength: 0 }, '`maxKeyLength`'],
+    [{ minKeyLength: 10, maxKeyLength: 5 }, '`minKeyLength`'],
+    [{ methods: 'POST' }, '`methods`'],
+    [{ scope: 'tenant' }, '`scope`'],
+    [{ encryptionKey: 'c2hvcnQ=' }, '`encryptionKey`'],
+  ])('rejects %j naming the option', (bad, name) => {
+    expect(() => engine(bad as Partial<IdempotencyOptions>)).toThrow(ConfigError);
+    expect(() => engine(bad as Partial<IdempotencyOptions>)).toThrow(name);
+  });
+
+  it('requires a store', () => {
+    expect(() => createIdempotency({} as IdempotencyOptions)).toThrow('`store`');
+  });
+
+  it('accepts durations as numbers of ms or strings', () => {
+    expect(() => engine({ ttl: '7d', lease: '30s', wait: 250 })).not.toThrow();
+  });
+});
