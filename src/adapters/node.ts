@@ -62,9 +62,8 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
             await handler(request, res, undefined);
             return;
           case 'executed':
-            // The captured headers are still set on `res`; only status and body are held back.
-            if (outcome.response.complete && !res.headersSent)
-              res.writeHead(outcome.response.status).end(outcome.response.body);
+            // The captured headers are still set on `res`; only status and body were held back.
+            if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
             return;
           case 'replayed':
             return send(res, outcome.response);
@@ -103,6 +102,7 @@ function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
 function send(res: ServerResponse, response: StoredResponse, close = false): void {
   if (res.headersSent) return;
   if (close) res.setHeader('connection', 'close');
+  if (!res.hasHeader('content-length')) res.setHeader('content-length', response.body.byteLength);
   res.writeHead(response.status, response.headers);
   res.end(response.body);
 }
