@@ -1,0 +1,143 @@
+import http from 'node:http';
+import autocannon from 'autocannon';
+
+/** Every throughput run uses these, for every contender. */
+export const CONNECTIONS = 10;
+
+export function median(values) {
+  const sorted = values.filter((v) => Number.isFinite(v)).sort((a, b) => a - b);
+  if (sorted.length === 0) return Number.NaN;
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+export function percentile(values, p) {
+  const sorted = [...values].sort((a, b) => a - b);
+  if (sorted.length === 0) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];
+}
+
+let runCounter = 0;
+let runId = `rsbench-${process.pid}`;
+
+/** Every key the load generator sends contains the run id, so the run can delete what it wrote. */
+export function setRunId(id) {
+  runId = id;
+}
+
+/**
+ * One bounded autocannon run. `keyed: true` sends a fresh `Idempotency-Key` per request; otherwise
+ * an `x-bench-seq` header of the same shape is set, so the load generator does the same work for
+ * the baseline as for the contender. `fixedKey` sends one key on every request (replay runs).
+ */
+export async function load({
+  url,
+  method = 'POST',
+  body,
+  headers = {},
+  keyed = false,
+  fixedKey,
+  durationS,
+  amount,
+  connections = CONNECTIONS,
+}) {
+  const prefix = `${runId}-${runCounter++}`;
+  let seq = 0;
+  const headerName = keyed ? 'idempotency-key' : 'x-bench-seq';
+  const baseHeaders = { ...headers };
+  if (body !== undefined) baseHeaders['content-type'] = 'application/json';
+  if (fixedKey) baseHeaders['idempotency-key'] = fixedKey;
+  const options = {
+    url,
+    method,
+    connections,
+    pipelining: 1,
+    headers: baseHeaders,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    timeout: 10,
+    requests: [
+      {
+        setupRequest(request) {
+          request.headers = { ...request.headers, [headerName]: `${prefix}-${seq++}` };
+          return request;
+        },
+      },
+    ],
+  };
+  if (amount) options.amount = amount;
+  else options.duration = durationS;
+  const result = await autocannon(options);
+  const seconds = result.duration;
+  const ok = result['2xx'];
+  return {
+    rps: ok / seconds,
+    p50Ms: result.latency.p50,
+    p99Ms: result.latency.p99,
+    requests: result.requests.total,
+    ok,
+    non2xx: result.non2xx,
+    errors: result.errors + result.timeouts,
+    seconds,
+  };
+}
+
+/** Sends one request and resolves with status, headers and body text. */
+export function request(url, { method = 'POST', body, headers = {}, agent } = {}) {
+  return new Promise((resolve, reject) => {
+    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+    const req = http.request(
+      url,
+      {
+        method,
+        agent,
+        headers: payload ? { 'content-type': 'application/json', ...headers } : headers,
+        timeout: 30_000,
+      },
+      (res) => {
+        const chunks = [];
+        res.on('data', (chunk) => chunks.push(chunk));
+        res.on('end', () =>
+          resolve({ status: res.statusCode, headers: res.headers, text: Buffer.concat(chunks).toString() }),
+        );
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error('request timed out')));
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
+/**
+ * `count` requests started at the same moment, each on its own connection, so they all reach the
+ * server before any completes. Resolves with every response and the time until the last one.
+ */
+export async function burst(url, count, options) {
+  const agent = new http.Agent({ keepAlive: false, maxSockets: Number.POSITIVE_INFINITY });
+  const started = performance.now();
+  const settled = await Promise.allSettled(
+    Array.from({ length: count }, () => request(url, { ...options, agent })),
+  );
+  const drainMs = performance.now() - started;
+  agent.destroy();
+  return {
+    drainMs,
+    responses: settled.filter((s) => s.status === 'fulfilled').map((s) => s.value),
+    failures: settled
+      .filter((s) => s.status === 'rejected')
+      .map((s) => String(s.reason?.message ?? s.reason)),
+  };
+}
+
+/** Latency of `count` sequential requests with fresh keys: the cost of one request alone. */
+export async function sequentialLatency(url, count, { body, keyPrefix }) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const times = [];
+  for (let i = 0; i < count; i++) {
+    const started = performance.now();
+    await request(url, { body, headers: { 'idempotency-key': `${keyPrefix}-${i}` }, agent });
+    times.push(performance.now() - started);
+  }
+  agent.destroy();
+  return { p50Ms: percentile(times, 50), p99Ms: percentile(times, 99) };
+}

@@ -1,0 +1,61 @@
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import Database from 'better-sqlite3';
+import { startServer } from './proc.js';
+import { pgSchemaUrl, REDIS_URL, withPg } from './services.js';
+
+export const LOAN_DESK = path.resolve(
+  path.dirname(fileURLToPath(import.meta.url)),
+  '../../examples/library-loans/server.js',
+);
+
+/** The loan desk configurations issue 6 compares. */
+export const VARIANTS = [
+  { id: 'sqlite-atomic', label: 'SQLite, atomic', db: 'sqlite', mode: 'atomic' },
+  { id: 'sqlite-lease', label: 'SQLite, lease', db: 'sqlite', mode: 'lease' },
+  { id: 'memory', label: 'memory store (SQLite data)', db: 'sqlite', store: 'memory', mode: 'lease' },
+  { id: 'postgres-atomic', label: 'PostgreSQL, atomic', db: 'postgres', mode: 'atomic' },
+  { id: 'postgres-lease', label: 'PostgreSQL, lease', db: 'postgres', mode: 'lease' },
+  { id: 'redis', label: 'Redis store (SQLite data), lease', db: 'sqlite', store: 'redis', mode: 'lease' },
+];
+
+export const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
+
+/** Starts the loan desk for one variant on its own fresh database; `count()` counts its loans. */
+export async function startLoanDesk(ctx, variant, { tag = '', execArgv = [] } = {}) {
+  const name = `${variant.id}${tag}`.replaceAll('-', '_');
+  let databaseUrl;
+  let count;
+  if (variant.db === 'postgres') {
+    const schema = `${ctx.runId}_${name}`;
+    databaseUrl = await pgSchemaUrl(schema);
+    count = () =>
+      withPg(async (client) =>
+        Number((await client.query(`SELECT count(*) AS n FROM "${schema}".loan`)).rows[0].n),
+      );
+  } else {
+    databaseUrl = path.join(ctx.tmpDir, `${name}.db`);
+    count = () => {
+      const db = new Database(databaseUrl, { readonly: true, fileMustExist: true });
+      try {
+        return db.prepare('SELECT count(*) AS n FROM loan').get().n;
+      } finally {
+        db.close();
+      }
+    };
+  }
+  const env = {
+    DATABASE_URL: databaseUrl,
+    IDEMPOTENCY_MODE: variant.mode,
+    IDEMPOTENCY_PREFIX: `${ctx.runId}:`,
+  };
+  if (variant.store) env.IDEMPOTENCY_STORE = variant.store === 'redis' ? REDIS_URL : variant.store;
+  const server = await startServer(LOAN_DESK, { env, execArgv, ipcReady: false });
+  return Object.assign(server, { countLoans: count, databaseUrl });
+}
+
+/** `--cpu-prof` arguments when the run was started with `--profile`. */
+export function profileArgs(ctx, label) {
+  if (!ctx.profileDir) return [];
+  return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=${label}.cpuprofile`];
+}

@@ -1,0 +1,123 @@
+import { fork } from 'node:child_process';
+import { once } from 'node:events';
+import net from 'node:net';
+
+/** How long a server may take to start before the contender is reported as failed. */
+const START_TIMEOUT_MS = 20_000;
+
+/** A free loopback port, for servers (the loan desk) that take `PORT` rather than reporting one. */
+export async function freePort() {
+  const server = net.createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address();
+  server.close();
+  await once(server, 'close');
+  return port;
+}
+
+async function waitForPort(port, child, deadlineMs) {
+  while (Date.now() < deadlineMs) {
+    if (child.exitCode !== null) throw new Error(`server exited with code ${child.exitCode}`);
+    const ok = await new Promise((resolve) => {
+      const socket = net.connect({ port, host: '127.0.0.1' });
+      socket.once('connect', () => {
+        socket.destroy();
+        resolve(true);
+      });
+      socket.once('error', () => resolve(false));
+    });
+    if (ok) return;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  throw new Error(`server did not listen on ${port} within ${START_TIMEOUT_MS} ms`);
+}
+
+/**
+ * Starts `script` in its own Node process so the server never shares an event loop with the load
+ * generator. A bench server reports its port over IPC (`{ ready: port }`); any other server
+ * (the loan desk) is given `PORT` and polled until it accepts connections.
+ */
+export async function startServer(script, { env = {}, execArgv = [], ipcReady = true } = {}) {
+  const port = ipcReady ? 0 : await freePort();
+  const stderr = [];
+  const child = fork(script, [], {
+    env: { ...process.env, HOST: '127.0.0.1', PORT: String(port), NODE_ENV: 'production', ...env },
+    execArgv,
+    stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
+  });
+  child.stderr.on('data', (chunk) => {
+    stderr.push(chunk);
+    if (stderr.length > 50) stderr.shift();
+  });
+  const deadlineMs = Date.now() + START_TIMEOUT_MS;
+  let actualPort = port;
+  try {
+    if (ipcReady) {
+      actualPort = await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error('server did not report ready')), START_TIMEOUT_MS);
+        child.on('message', function onReady(message) {
+          if (message?.ready) {
+            clearTimeout(timer);
+            child.off('message', onReady);
+            resolve(message.ready);
+          } else if (message?.failed) {
+            clearTimeout(timer);
+            reject(new Error(message.failed));
+          }
+        });
+        child.once('exit', (code) => {
+          clearTimeout(timer);
+          reject(new Error(`server exited with code ${code}`));
+        });
+      });
+    } else {
+      await waitForPort(port, child, deadlineMs);
+    }
+  } catch (error) {
+    child.kill('SIGKILL');
+    const detail = Buffer.concat(stderr).toString().trim().split('\n').slice(-5).join(' | ');
+    throw new Error(`${script}: ${error.message}${detail ? ` (${detail})` : ''}`);
+  }
+  return {
+    child,
+    port: actualPort,
+    url: `http://127.0.0.1:${actualPort}`,
+    stderr: () => Buffer.concat(stderr).toString(),
+    /** Sends a message to a bench server and resolves with its reply. */
+    ask(message, timeoutMs = 600_000) {
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`no reply to ${message.cmd}`)), timeoutMs);
+        child.on('message', function onReply(reply) {
+          if (reply?.reply !== message.cmd) return;
+          clearTimeout(timer);
+          child.off('message', onReply);
+          if (reply.error) reject(new Error(reply.error));
+          else resolve(reply.value);
+        });
+        child.send(message);
+      });
+    },
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = once(child, 'exit');
+      child.kill('SIGTERM');
+      const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+      await exited;
+      clearTimeout(timer);
+    },
+  };
+}
+
+/** Runs a bench server's answers to `ask()`: `handlers[cmd](message)` may be async. */
+export function serveCommands(handlers) {
+  process.on('message', async (message) => {
+    const handler = handlers[message?.cmd];
+    if (!handler) return;
+    try {
+      process.send({ reply: message.cmd, value: await handler(message) });
+    } catch (error) {
+      process.send({ reply: message.cmd, error: String(error?.stack ?? error) });
+    }
+  });
+}

@@ -1,0 +1,52 @@
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+
+const cell = (value) => (value === null || value === undefined ? '—' : String(value).replaceAll('|', '\\|'));
+
+function table({ columns, rows }) {
+  const lines = [`| ${columns.join(' | ')} |`, `|${columns.map(() => '---').join('|')}|`];
+  for (const row of rows) lines.push(`| ${row.map(cell).join(' | ')} |`);
+  return lines.join('\n');
+}
+
+export function markdown(results) {
+  const out = [
+    `## Benchmarks — ${results.date}`,
+    '',
+    `Machine: ${results.machine.cpus} × ${results.machine.cpuModel}, ${results.machine.memoryGiB} GiB, Node ${results.machine.node}, ${results.machine.platform}. ` +
+      `Command: \`${results.command}\`. ${results.settings.rounds} round(s) of ${results.settings.durationS} s per contender, ` +
+      `${results.settings.connections} connections, medians shown; server in its own process, autocannon in another. Total ${Math.round(results.totalSeconds)} s.`,
+    '',
+  ];
+  const targets = Object.values(results.scenarios).flatMap((s) => s.targets ?? []);
+  if (targets.length > 0) {
+    out.push('### Targets', '');
+    out.push(
+      table({
+        columns: ['figure', 'measured', 'target', 'met'],
+        rows: targets.map((t) => [t.name, t.value, `${t.op} ${t.target}`, t.met ? 'yes' : '**no**']),
+      }),
+      '',
+    );
+  }
+  for (const scenario of Object.values(results.scenarios)) {
+    out.push(`### ${scenario.title}`, '');
+    if (scenario.error) out.push(`Failed: \`${scenario.error}\``, '');
+    if (scenario.table?.rows.length) out.push(table(scenario.table), '');
+    for (const note of scenario.notes ?? []) out.push(`- ${note}`);
+    if (scenario.notes?.length) out.push('');
+  }
+  return `${out.join('\n').trimEnd()}\n`;
+}
+
+/** Writes `<date>.json`, `<date>.md` and `latest.md` (the one the README embeds). */
+export async function writeResults(results, dir) {
+  await mkdir(dir, { recursive: true });
+  const md = markdown(results);
+  const suffix = results.settings.quick ? '-quick' : '';
+  const base = path.join(dir, `${results.date}${suffix}`);
+  await writeFile(`${base}.json`, `${JSON.stringify(results, null, 2)}\n`);
+  await writeFile(`${base}.md`, md);
+  await writeFile(path.join(dir, results.settings.quick ? 'latest-quick.md' : 'latest.md'), md);
+  return { json: `${base}.json`, md: `${base}.md` };
+}

@@ -1,0 +1,64 @@
+import { burst, sequentialLatency } from '../lib/load.js';
+import { LOAN, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
+import { round2 } from '../lib/measure.js';
+
+export async function run(ctx) {
+  const concurrent = 1000;
+  const rows = [];
+  for (const variant of VARIANTS) {
+    let server;
+    try {
+      server = await startLoanDesk(ctx, variant, { tag: '-hot' });
+      const url = `${server.url}/loans`;
+      const single = await sequentialLatency(url, ctx.quick ? 20 : 100, {
+        body: LOAN,
+        keyPrefix: `${ctx.runId}-hot-single-${variant.id}`,
+      });
+      const before = await server.countLoans();
+      const hot = await burst(url, concurrent, {
+        body: LOAN,
+        headers: { 'idempotency-key': `${ctx.runId}-hot-${variant.id}` },
+      });
+      const executions = (await server.countLoans()) - before;
+      const statuses = {};
+      for (const r of hot.responses) statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+      const bodies = new Set(hot.responses.filter((r) => r.status < 300).map((r) => r.text));
+      rows.push([
+        variant.label,
+        executions,
+        Object.entries(statuses)
+          .map(([s, n]) => `${n}×${s}`)
+          .join(', ') + (hot.failures.length ? `, ${hot.failures.length} failed (${hot.failures[0]})` : ''),
+        bodies.size,
+        Math.round(hot.drainMs),
+        round2(single.p50Ms),
+        round2(hot.drainMs / single.p50Ms),
+      ]);
+      ctx.log(`  ${variant.id}: ${JSON.stringify(rows.at(-1))}`);
+    } catch (error) {
+      rows.push([variant.label, `failed: ${error.message.slice(0, 160)}`, null, null, null, null, null]);
+      ctx.log(`  ${variant.id} failed: ${error.message}`);
+    } finally {
+      await server?.stop();
+    }
+  }
+  return {
+    title: `Hot key: ${concurrent} concurrent requests on one key`,
+    table: {
+      columns: [
+        'store',
+        'loans created',
+        'statuses',
+        'distinct 2xx bodies',
+        'drain ms',
+        'one request p50 ms',
+        'drain ÷ one request',
+      ],
+      rows,
+    },
+    notes: [
+      `${concurrent} requests with the same key and body, each on its own connection, started together; "loans created" counts rows in the loan table before and after. One request p50 is of sequential requests with fresh keys on one keep-alive connection.`,
+    ],
+    targets: [],
+  };
+}

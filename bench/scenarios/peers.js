@@ -1,0 +1,189 @@
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { burst, load, request } from '../lib/load.js';
+import { measureSet, round2, target } from '../lib/measure.js';
+import { startServer } from '../lib/proc.js';
+import { REDIS_URL } from '../lib/services.js';
+
+const APP = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/express-app.js');
+/** The handler delay for the race probes: long enough that 20 duplicates overlap it. */
+const RACE_DELAY_MS = 50;
+const DUPLICATES = 20;
+
+const CONTENDERS = [
+  { id: 'bare', label: 'bare Express 5 (no idempotency)' },
+  { id: 'express-idempotency-memory', label: 'express-idempotency (memory)' },
+  { id: 'express-idempotency-redis', label: 'express-idempotency (Redis adapter)' },
+  { id: 'node-idempotency-memory', label: '@node-idempotency/core (memory)' },
+  { id: 'node-idempotency-redis', label: '@node-idempotency/core (Redis)' },
+  { id: 'powertools-redis', label: 'Powertools idempotency (Redis, makeIdempotent)' },
+  { id: 'retrysafe-memory', label: 'retrysafe (memory)', ours: true, goal: 0.85 },
+  { id: 'retrysafe-redis', label: 'retrysafe (Redis)', ours: true, goal: 0.8 },
+  { id: 'retrysafe-sqlite', label: 'retrysafe (SQLite)', ours: true },
+];
+
+const BODY = { item: 'book', qty: 1 };
+
+function serverEnv(ctx, id, delayMs) {
+  return {
+    CONTENDER: id,
+    HANDLER_DELAY_MS: String(delayMs),
+    RUN_ID: ctx.runId,
+    REDIS_URL,
+    SQLITE_FILE: path.join(ctx.tmpDir, `${id}-${delayMs}.db`),
+  };
+}
+
+function execArgv(ctx, id, label) {
+  if (!ctx.profileDir || !id.startsWith('retrysafe')) return [];
+  return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=${label}-${id}.cpuprofile`];
+}
+
+const describe = (r) => {
+  const replayed = r.headers['idempotency-replayed'] ? ' (replayed)' : '';
+  let error = '';
+  try {
+    const body = JSON.parse(r.text);
+    if (body.error) error = ` ${body.error}`;
+  } catch {}
+  return `${r.status}${replayed}${error}`;
+};
+
+async function probe(ctx, contender) {
+  const server = await startServer(APP, { env: serverEnv(ctx, contender.id, RACE_DELAY_MS) });
+  try {
+    const url = `${server.url}/orders`;
+    const key = (name) => `${ctx.runId}-${contender.id}-${name}`;
+    const before = await server.ask({ cmd: 'stats' });
+    const race = await burst(url, DUPLICATES, { body: BODY, headers: { 'idempotency-key': key('race') } });
+    // Let stragglers (a library that answered early and completes in the background) finish.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const after = await server.ask({ cmd: 'stats' });
+    const statuses = {};
+    for (const r of race.responses) statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+    const firstBody = race.responses.find((r) => r.status < 300)?.text;
+    const distinctBodies = new Set(race.responses.filter((r) => r.status < 300).map((r) => r.text)).size;
+
+    const retry = await request(url, { body: BODY, headers: { 'idempotency-key': key('race') } });
+    const mismatch = await request(url, {
+      body: { item: 'another book', qty: 2 },
+      headers: { 'idempotency-key': key('race') },
+    });
+    const crashBody = { ...BODY, crashOnce: key('crash') };
+    const crash = await request(url, { body: crashBody, headers: { 'idempotency-key': key('crash') } });
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const crashRetry = await request(url, { body: crashBody, headers: { 'idempotency-key': key('crash') } });
+    return {
+      executions: after.executions - before.executions,
+      statuses,
+      distinctBodies,
+      failures: race.failures.length,
+      retry: describe(retry),
+      retrySameBody: retry.text === firstBody,
+      mismatch: describe(mismatch),
+      crash: describe(crash),
+      crashRetry: describe(crashRetry),
+    };
+  } finally {
+    await server.stop();
+  }
+}
+
+export async function run(ctx) {
+  const notes = [
+    `Same Express 5 app and handler for every contender (bench/servers/express-app.js); JSON body ${JSON.stringify(BODY)}, a fresh Idempotency-Key per request, also sent to the bare app (which ignores it).`,
+    `Correctness probes use a ${RACE_DELAY_MS} ms handler: ${DUPLICATES} concurrent duplicates on one key, then a plain retry, then the same key with another body, then a handler that throws once and its retry.`,
+    '@node-idempotency/express is not published on npm (404); the bench uses @node-idempotency/core with the same glue its Express plugin source uses (onRequest, onResponse from res.send, replay of status and body).',
+    'Powertools: makeIdempotent over CachePersistenceLayer (@redis/client) in the Express handler, eventKeyJmesPath "key", payloadValidationJmesPath "body"; no Lambda context (so no in-progress expiry).',
+  ];
+  const servers = new Map();
+  const unavailable = new Map();
+  const rows = [];
+  try {
+    for (const contender of CONTENDERS) {
+      try {
+        servers.set(
+          contender.id,
+          await startServer(APP, {
+            env: serverEnv(ctx, contender.id, 0),
+            execArgv: execArgv(ctx, contender.id, 'peers'),
+          }),
+        );
+      } catch (error) {
+        unavailable.set(contender.id, error.message);
+        ctx.log(`  ${contender.id} unavailable: ${error.message}`);
+      }
+    }
+    const entries = CONTENDERS.filter((c) => servers.has(c.id)).map((c) => ({
+      id: c.id,
+      run: (durationS) =>
+        load({ url: `${servers.get(c.id).url}/orders`, body: BODY, keyed: true, durationS }),
+    }));
+    const measured = await measureSet(entries, ctx);
+    for (const server of servers.values()) await server.stop();
+    servers.clear();
+
+    const bare = measured.bare?.rps;
+    const targets = [];
+    for (const contender of CONTENDERS) {
+      const m = measured[contender.id];
+      let p = null;
+      if (m || !unavailable.has(contender.id)) {
+        try {
+          p = await probe(ctx, contender);
+        } catch (error) {
+          unavailable.set(contender.id, error.message);
+        }
+      }
+      const ratio = m && bare ? m.rps / bare : Number.NaN;
+      if (contender.goal)
+        targets.push(target(`peers: ${contender.label} throughput ÷ bare`, ratio, '>=', contender.goal));
+      rows.push([
+        contender.label,
+        m
+          ? Math.round(m.rps)
+          : unavailable.get(contender.id)
+            ? `unavailable: ${unavailable.get(contender.id).slice(0, 120)}`
+            : null,
+        round2(ratio),
+        m?.p50Ms,
+        m?.p99Ms,
+        m ? `${m.non2xx}/${m.errors}` : null,
+        p ? `${p.executions} of ${DUPLICATES}` : null,
+        p
+          ? Object.entries(p.statuses)
+              .map(([s, n]) => `${n}×${s}`)
+              .join(', ') + (p.failures ? `, ${p.failures} failed` : '')
+          : null,
+        p ? `${p.retry}${p.retrySameBody ? '' : ' (different body)'}` : null,
+        p?.mismatch,
+        p ? `${p.crash} → ${p.crashRetry}` : null,
+      ]);
+      ctx.log(`  ${contender.id}: ${JSON.stringify({ ratio: round2(ratio), ...p })}`);
+    }
+    return {
+      title: 'Peers side by side (Express 5, same handler)',
+      table: {
+        columns: [
+          'contender',
+          'req/s',
+          '÷ bare',
+          'p50 ms',
+          'p99 ms',
+          'non-2xx/errors',
+          'executions of 20 concurrent duplicates',
+          'their statuses',
+          'plain retry after success',
+          'same key, other body',
+          'handler crash → retry',
+        ],
+        rows,
+      },
+      notes,
+      targets,
+      raw: measured,
+    };
+  } finally {
+    for (const server of servers.values()) await server.stop();
+  }
+}
