@@ -1,0 +1,157 @@
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import type { CapturedResponse, Idempotency, StoredResponse } from '../core/index.js';
+
+// node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
+
+export const BODY_TOO_LARGE = Symbol('body too large');
+
+export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+  const declared = Number(req.headers['content-length']);
+  if (declared > limit) return Promise.reject(BODY_TOO_LARGE);
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on('data', (chunk: Buffer) => {
+      size += chunk.length;
+      if (size > limit) {
+        req.removeAllListeners('data');
+        req.resume();
+        reject(BODY_TOO_LARGE);
+      } else chunks.push(chunk);
+    });
+    req.once('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
+    req.once('error', reject);
+    req.once('aborted', () => reject(new Error('request aborted')));
+  });
+}
+
+export function send(res: ServerResponse, response: StoredResponse, close = false): void {
+  if (res.headersSent) return;
+  if (close) res.setHeader('connection', 'close');
+  if (!res.hasHeader('content-length')) res.setHeader('content-length', response.body.byteLength);
+  res.writeHead(response.status, response.headers);
+  res.end(response.body);
+}
+
+export function internalError(res: ServerResponse, error: unknown): void {
+  console.error('retrysafe: handler failed', error);
+  if (res.headersSent) {
+    res.destroy();
+    return;
+  }
+  res.writeHead(500, { 'content-type': 'application/json; charset=utf-8' });
+  res.end(
+    JSON.stringify({
+      error: 'internal_error',
+      message: 'The request failed; it may be retried with the same key.',
+    }),
+  );
+}
+
+/**
+ * Runs the handler with `res` intercepted: status, headers and body are held back until the
+ * engine has saved them (and, in atomic mode, committed), then sent. A lease-mode response that
+ * outgrows `maxResponseBytes` is streamed through instead and reported as incomplete.
+ */
+export function capture(
+  engine: Pick<Idempotency, 'mode' | 'maxResponseBytes'>,
+  res: ServerResponse,
+  invoke: () => unknown,
+): Promise<CapturedResponse> {
+  const original = { writeHead: res.writeHead, write: res.write, end: res.end };
+  const restore = () => Object.assign(res, original);
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let streaming = false;
+  let overflow = false;
+
+  const toBuffer = (chunk: unknown, encoding?: unknown): Buffer =>
+    Buffer.isBuffer(chunk)
+      ? chunk
+      : typeof chunk === 'string'
+        ? Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8')
+        : Buffer.from(chunk as Uint8Array);
+
+  const startStreaming = () => {
+    streaming = true;
+    restore();
+    res.writeHead(res.statusCode);
+    for (const chunk of chunks) res.write(chunk);
+    chunks.length = 0;
+  };
+
+  const keep = (chunk: unknown, encoding?: unknown) => {
+    if (chunk === undefined || chunk === null || typeof chunk === 'function') return;
+    const buffer = toBuffer(chunk, encoding);
+    if (buffer.length === 0) return;
+    if (overflow) return;
+    size += buffer.length;
+    if (size > engine.maxResponseBytes) {
+      if (engine.mode === 'lease') {
+        startStreaming();
+        res.write(buffer);
+        return;
+      }
+      // Atomic mode never streams before the commit; the engine rolls back and answers 500.
+      overflow = true;
+      chunks.length = 0;
+      return;
+    }
+    chunks.push(buffer);
+  };
+
+  return new Promise<CapturedResponse>((resolve, reject) => {
+    const headers = (): Record<string, string> => {
+      const merged: Record<string, string> = {};
+      for (const [name, value] of Object.entries(res.getHeaders())) {
+        if (value !== undefined) merged[name] = Array.isArray(value) ? value.join(', ') : String(value);
+      }
+      return merged;
+    };
+    // Headers given to writeHead are moved onto `res`, so getHeaders() sees all of them and the
+    // real writeHead later sends them unchanged (set-cookie arrays included).
+    res.writeHead = ((status: number, ...rest: unknown[]) => {
+      res.statusCode = status;
+      if (typeof rest[0] === 'string') res.statusMessage = rest[0];
+      const last = rest[rest.length - 1];
+      if (Array.isArray(last)) {
+        for (let i = 0; i + 1 < last.length; i += 2) res.appendHeader(String(last[i]), String(last[i + 1]));
+      } else if (last && typeof last === 'object') {
+        for (const [name, value] of Object.entries(last as OutgoingHttpHeaders)) {
+          if (value !== undefined) res.setHeader(name, value);
+        }
+      }
+      return res;
+    }) as typeof res.writeHead;
+    res.write = ((chunk: unknown, encoding?: unknown, callback?: unknown) => {
+      if (streaming) return original.write.call(res, chunk as never, encoding as never, callback as never);
+      keep(chunk, encoding);
+      const done = typeof encoding === 'function' ? encoding : callback;
+      if (typeof done === 'function') queueMicrotask(() => (done as () => void)());
+      return true;
+    }) as typeof res.write;
+    res.end = ((chunk?: unknown, encoding?: unknown) => {
+      if (streaming) {
+        original.end.call(res, chunk as never, encoding as never);
+        resolve({ status: res.statusCode, headers: headers(), body: Buffer.alloc(0), complete: false });
+        return res;
+      }
+      keep(chunk, encoding);
+      restore();
+      const complete = !overflow;
+      resolve({
+        status: res.statusCode,
+        headers: headers(),
+        body: complete ? Buffer.concat(chunks) : Buffer.alloc(0),
+        complete,
+      });
+      return res;
+    }) as typeof res.end;
+    Promise.resolve()
+      .then(invoke)
+      .catch((error) => {
+        restore();
+        reject(error);
+      });
+  });
+}
