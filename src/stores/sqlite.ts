@@ -1,0 +1,382 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
+import Database from 'better-sqlite3';
+import type {
+  AtomicResult,
+  AtomicStore,
+  AtomicWorkResult,
+  ClaimInput,
+  ClaimResult,
+  StoredResponse,
+} from '../core/types.js';
+import {
+  DEFAULT_PURGE_BATCH_SIZE,
+  expiresAtMs,
+  newToken,
+  recordId,
+  requirePositiveInteger,
+  Waiters,
+  yieldToEventLoop,
+} from './internal.js';
+
+export interface SqliteStoreOptions {
+  /** The database file to open (created if missing). Give this or `database`, not both. */
+  filename?: string;
+  /**
+   * An open better-sqlite3 connection to use instead, e.g. the one holding the application's own
+   * tables (atomic mode needs that). It is used as configured and `close()` leaves it open.
+   */
+  database?: Database.Database;
+  /**
+   * The table holding the records; created with its index if missing.
+   * @default 'idempotency_keys'
+   */
+  table?: string;
+  /**
+   * How long a write waits for another process's write lock before failing with `SQLITE_BUSY`.
+   * better-sqlite3 waits synchronously, blocking this process's event loop meanwhile. Applied to a
+   * passed `database` only when set.
+   * @default 5000
+   */
+  busyTimeoutMs?: number;
+  /**
+   * First delay between the reads of `wait`, doubled after each read up to `maxPollIntervalMs`.
+   * A completion in this process wakes the wait at once; polling finds the other processes' ones.
+   * @default 10
+   */
+  pollIntervalMs?: number;
+  /** @default 250 */
+  maxPollIntervalMs?: number;
+}
+
+/** The SQLite store: an {@link AtomicStore} whose transaction handle is the connection itself. */
+export interface SqliteStore extends AtomicStore<Database.Database> {
+  /** The connection; run the application's own statements on it inside {@link SqliteStore.transaction}. */
+  readonly database: Database.Database;
+  /**
+   * Runs `fn` in `BEGIN IMMEDIATE` … `COMMIT` (`ROLLBACK` if it throws) on {@link SqliteStore.database}.
+   * An async `fn` may await while the transaction is open: every other write of this store in this
+   * process queues until it ends, instead of silently joining it. Called inside another transaction
+   * of this store (or inside `atomic`'s work) it becomes a savepoint.
+   *
+   * @example
+   * ```ts
+   * await store.transaction(async (db) => {
+   *   db.prepare('UPDATE account SET balance = balance - ? WHERE id = ?').run(amount, id);
+   *   await audit(id);
+   * });
+   * ```
+   */
+  transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T>;
+}
+
+interface RecordRow {
+  fingerprint: string;
+  lease_until_ms: number;
+  completed_at_ms: number | null;
+  status: number | null;
+  headers: string | null;
+  body: Uint8Array | null;
+}
+
+type LeaseRow = Pick<RecordRow, 'lease_until_ms' | 'completed_at_ms'>;
+
+/** Runs functions one after another, each after the previous one's promise settles. */
+class SerialQueue {
+  #tail: Promise<unknown> = Promise.resolve();
+
+  run<T>(fn: () => T | Promise<T>): Promise<T> {
+    const result = this.#tail.then(fn);
+    this.#tail = result.catch(() => undefined);
+    return result;
+  }
+}
+
+/** An open transaction of this store; operations started inside it use its own queue. */
+interface Frame {
+  open: boolean;
+  queue: SerialQueue;
+}
+
+const TABLE_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
+
+/**
+ * An idempotency store in a SQLite file through better-sqlite3 12: WAL, safe for several
+ * processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
+ * commits the claim, the handler's own writes and the response in one transaction.
+ *
+ * @example
+ * ```ts
+ * import { sqliteStore } from 'retrysafe/sqlite';
+ * const store = sqliteStore({ filename: 'app.db' });
+ * const result = await store.atomic(input, async (db) => {
+ *   db.prepare('INSERT INTO loan (member, isbn) VALUES (?, ?)').run(member, isbn);
+ *   return { response, commit: true };
+ * });
+ * ```
+ */
+export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
+  const { filename, database } = options;
+  if ((filename === undefined) === (database === undefined)) {
+    throw new TypeError('sqliteStore: give exactly one of `filename` or `database`');
+  }
+  if (filename !== undefined && (typeof filename !== 'string' || filename === '')) {
+    throw new TypeError('sqliteStore: `filename` must be a non-empty string');
+  }
+  if (database !== undefined && typeof (database as Partial<Database.Database>).prepare !== 'function') {
+    throw new TypeError('sqliteStore: `database` must be a better-sqlite3 Database');
+  }
+  const table = options.table ?? 'idempotency_keys';
+  if (typeof table !== 'string' || !TABLE_NAME.test(table)) {
+    throw new TypeError(`sqliteStore: \`table\` must match ${TABLE_NAME}, got ${JSON.stringify(table)}`);
+  }
+  const busyTimeoutMs = requirePositiveInteger('sqliteStore', 'busyTimeoutMs', options.busyTimeoutMs ?? 5000);
+  const pollIntervalMs = requirePositiveInteger(
+    'sqliteStore',
+    'pollIntervalMs',
+    options.pollIntervalMs ?? 10,
+  );
+  const maxPollIntervalMs = requirePositiveInteger(
+    'sqliteStore',
+    'maxPollIntervalMs',
+    options.maxPollIntervalMs ?? 250,
+  );
+  if (maxPollIntervalMs < pollIntervalMs) {
+    throw new RangeError('sqliteStore: `maxPollIntervalMs` must not be less than `pollIntervalMs`');
+  }
+
+  const ownsDatabase = database === undefined;
+  const db = database ?? new Database(filename, { timeout: busyTimeoutMs });
+  if (ownsDatabase) {
+    db.pragma('journal_mode = WAL');
+  } else if (options.busyTimeoutMs !== undefined) {
+    db.pragma(`busy_timeout = ${busyTimeoutMs}`);
+  }
+
+  const t = `"${table}"`;
+  db.exec(`
+    CREATE TABLE IF NOT EXISTS ${t} (
+      scope TEXT NOT NULL,
+      key TEXT NOT NULL,
+      fingerprint TEXT NOT NULL,
+      token TEXT NOT NULL,
+      lease_until_ms INTEGER NOT NULL,
+      created_at_ms INTEGER NOT NULL,
+      expires_at_ms INTEGER NOT NULL,
+      completed_at_ms INTEGER,
+      status INTEGER,
+      headers TEXT,
+      body BLOB,
+      PRIMARY KEY (scope, key)
+    );
+    CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${t} (expires_at_ms);
+  `);
+
+  // A row takes a new claim when its retention has passed (a new operation), or when it is in
+  // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
+  const claimStatement = db.prepare<[Record<string, unknown>], { token: string }>(`
+    INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+    VALUES (@scope, @key, @fingerprint, @token, @leaseUntilMs, @nowMs, @expiresAtMs)
+    ON CONFLICT (scope, key) DO UPDATE SET
+      fingerprint = excluded.fingerprint, token = excluded.token,
+      lease_until_ms = excluded.lease_until_ms, created_at_ms = excluded.created_at_ms,
+      expires_at_ms = excluded.expires_at_ms,
+      completed_at_ms = NULL, status = NULL, headers = NULL, body = NULL
+    WHERE ${t}.expires_at_ms <= @nowMs
+      OR (${t}.completed_at_ms IS NULL AND ${t}.lease_until_ms <= @nowMs
+          AND ${t}.fingerprint = excluded.fingerprint)
+    RETURNING token`);
+  const selectRecord = db.prepare<[string, string], RecordRow>(
+    `SELECT fingerprint, lease_until_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
+  );
+  const selectLease = db.prepare<[string, string], LeaseRow>(
+    `SELECT lease_until_ms, completed_at_ms FROM ${t} WHERE scope = ? AND key = ?`,
+  );
+  // Fenced by the token: a request whose lease was taken over matches no row.
+  const completeStatement = db.prepare(`
+    UPDATE ${t} SET completed_at_ms = @nowMs, status = @status, headers = @headers, body = @body
+    WHERE scope = @scope AND key = @key AND token = @token
+      AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
+  const releaseStatement = db.prepare(`
+    DELETE FROM ${t}
+    WHERE scope = @scope AND key = @key AND token = @token
+      AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
+  // A record never expires before its lease passes (see expiresAtMs), so this spares live leases.
+  const purgeStatement = db.prepare(`
+    DELETE FROM ${t} WHERE rowid IN (
+      SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
+
+  const claimTransaction = db.transaction((input: ClaimInput): ClaimResult => {
+    const nowMs = Date.now();
+    const token = newToken();
+    const inserted = claimStatement.get({
+      scope: input.scope,
+      key: input.key,
+      fingerprint: input.fingerprint,
+      token,
+      nowMs,
+      leaseUntilMs: nowMs + input.leaseMs,
+      expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+    });
+    if (inserted?.token === token) return { outcome: 'acquired', token };
+    const row = selectRecord.get(input.scope, input.key)!;
+    if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
+    if (row.completed_at_ms === null) {
+      return { outcome: 'in_progress', retryAfterMs: Math.max(1, row.lease_until_ms - nowMs) };
+    }
+    const body = row.body!;
+    return {
+      outcome: 'replay',
+      response: {
+        status: row.status!,
+        headers: JSON.parse(row.headers!) as Record<string, string>,
+        body: new Uint8Array(body.buffer, body.byteOffset, body.byteLength),
+      },
+    };
+  });
+
+  // IMMEDIATE takes the write lock first, so the insert and the read of the row it collided with
+  // see one state even across processes. Inside an open transaction this is a savepoint.
+  function claimNow(input: ClaimInput): ClaimResult {
+    return claimTransaction.immediate(input);
+  }
+
+  function completeNow(scope: string, key: string, token: string, response: StoredResponse): boolean {
+    const { changes } = completeStatement.run({
+      scope,
+      key,
+      token,
+      nowMs: Date.now(),
+      status: response.status,
+      headers: JSON.stringify(response.headers),
+      body: response.body,
+    });
+    return changes === 1;
+  }
+
+  const root = new SerialQueue();
+  const frames = new AsyncLocalStorage<Frame>();
+  const waiters = new Waiters();
+  let savepoints = 0;
+  let closed = false;
+
+  // While a transaction is open on the connection, any statement run on it joins that
+  // transaction; so every write of this store goes through the queue of the innermost open one.
+  function exclusive<T>(fn: () => T | Promise<T>): Promise<T> {
+    const frame = frames.getStore();
+    return (frame?.open ? frame.queue : root).run(fn);
+  }
+
+  function runTransaction<T>(
+    fn: (db: Database.Database) => Promise<{ value: T; commit: boolean }>,
+  ): Promise<T> {
+    const nested = frames.getStore()?.open === true;
+    return exclusive(async () => {
+      const savepoint = nested ? `retrysafe_${++savepoints}` : undefined;
+      const commitSql = savepoint ? `RELEASE ${savepoint}` : 'COMMIT';
+      const rollbackSql = savepoint ? `ROLLBACK TO ${savepoint}; RELEASE ${savepoint}` : 'ROLLBACK';
+      db.exec(savepoint ? `SAVEPOINT ${savepoint}` : 'BEGIN IMMEDIATE');
+      const frame: Frame = { open: true, queue: new SerialQueue() };
+      try {
+        const { value, commit } = await frames.run(frame, () => fn(db));
+        // Operations the work started but did not await still belong to this transaction.
+        await frame.queue.run(() => undefined);
+        frame.open = false;
+        db.exec(commit ? commitSql : rollbackSql);
+        return value;
+      } catch (error) {
+        frame.open = false;
+        // SQLite rolls back by itself on some errors; a second ROLLBACK would mask the first error.
+        if (db.inTransaction) db.exec(rollbackSql);
+        throw error;
+      }
+    });
+  }
+
+  function transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T> {
+    return runTransaction(async (connection) => ({ value: await fn(connection), commit: true }));
+  }
+
+  async function atomic(
+    input: ClaimInput,
+    work: (tx: Database.Database) => Promise<AtomicWorkResult>,
+  ): Promise<AtomicResult> {
+    try {
+      return await runTransaction<AtomicResult>(async (connection) => {
+        const claimed = claimNow(input);
+        if (claimed.outcome !== 'acquired') return { value: claimed, commit: false };
+        const { response, commit } = await work(connection);
+        if (commit && !completeNow(input.scope, input.key, claimed.token, response)) {
+          // Only possible when the work outlived the record's retention: keep nothing.
+          throw new Error('sqliteStore.atomic: the record expired while the work ran; rolled back');
+        }
+        return { value: { outcome: 'executed', response, committed: commit }, commit };
+      });
+    } finally {
+      waiters.wake(recordId(input.scope, input.key));
+    }
+  }
+
+  function claim(input: ClaimInput): Promise<ClaimResult> {
+    return exclusive(() => claimNow(input));
+  }
+
+  async function complete(scope: string, key: string, token: string, response: StoredResponse) {
+    const done = await exclusive(() => completeNow(scope, key, token, response));
+    if (done) waiters.wake(recordId(scope, key));
+    return done;
+  }
+
+  async function release(scope: string, key: string, token: string) {
+    const done = await exclusive(
+      () => releaseStatement.run({ scope, key, token, nowMs: Date.now() }).changes === 1,
+    );
+    if (done) waiters.wake(recordId(scope, key));
+    return done;
+  }
+
+  async function wait(scope: string, key: string, timeoutMs: number) {
+    const id = recordId(scope, key);
+    const deadlineMs = Date.now() + timeoutMs;
+    let intervalMs = pollIntervalMs;
+    for (;;) {
+      if (closed) return;
+      const nowMs = Date.now();
+      const row = selectLease.get(scope, key);
+      if (!row || row.completed_at_ms !== null || row.lease_until_ms <= nowMs || nowMs >= deadlineMs) return;
+      await waiters.sleep(id, Math.min(intervalMs, deadlineMs - nowMs, row.lease_until_ms - nowMs));
+      intervalMs = Math.min(intervalMs * 2, maxPollIntervalMs);
+    }
+  }
+
+  async function purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
+    requirePositiveInteger('sqliteStore.purgeExpired', 'batchSize', batchSize);
+    let deleted = 0;
+    for (;;) {
+      const { changes } = await exclusive(() => purgeStatement.run({ nowMs: Date.now(), batchSize }));
+      deleted += changes;
+      if (changes < batchSize) return deleted;
+      await yieldToEventLoop();
+    }
+  }
+
+  async function close() {
+    if (closed) return;
+    closed = true;
+    waiters.wakeAll();
+    await root.run(() => undefined);
+    if (ownsDatabase) db.close();
+  }
+
+  return {
+    name: 'sqlite',
+    database: db,
+    claim,
+    complete,
+    release,
+    wait,
+    purgeExpired,
+    close,
+    atomic,
+    transaction,
+  };
+}

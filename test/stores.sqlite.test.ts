@@ -1,0 +1,298 @@
+import { execFileSync, spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { setTimeout as sleep } from 'node:timers/promises';
+import Database from 'better-sqlite3';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ClaimInput, StoredResponse } from '../src/core/types.js';
+import { type SqliteStore, sqliteStore } from '../src/stores/sqlite.js';
+import { describeStoreConformance } from './conformance/store-suite.js';
+
+const dirs: string[] = [];
+function tempFile(name = 'store.db'): string {
+  const dir = mkdtempSync(join(tmpdir(), 'retrysafe-sqlite-'));
+  dirs.push(dir);
+  return join(dir, name);
+}
+afterAll(() => {
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+});
+
+describeStoreConformance('sqlite (file, atomic probe)', async () => {
+  const store = sqliteStore({ filename: tempFile() });
+  store.database.exec('CREATE TABLE probe (id INTEGER PRIMARY KEY)');
+  return {
+    store,
+    atomicProbe: {
+      write: (db: Database.Database) => void db.prepare('INSERT INTO probe DEFAULT VALUES').run(),
+      count: async () => (store.database.prepare('SELECT count(*) AS n FROM probe').get() as { n: number }).n,
+    },
+  };
+});
+
+describeStoreConformance('sqlite (caller-owned connection, custom table)', async () => {
+  const database = new Database(tempFile());
+  return {
+    store: sqliteStore({ database, table: 'keys_for_test' }),
+    cleanup: async () => void database.close(),
+  };
+});
+
+function input(overrides: Partial<ClaimInput> = {}): ClaimInput {
+  return {
+    scope: 'tenant',
+    key: randomUUID(),
+    fingerprint: 'fp',
+    leaseMs: 30_000,
+    ttlMs: 60_000,
+    ...overrides,
+  };
+}
+
+const response: StoredResponse = { status: 201, headers: {}, body: new Uint8Array([1]) };
+
+function notes(filename: string): string[] {
+  const reader = new Database(filename, { readonly: true });
+  try {
+    return reader
+      .prepare('SELECT text FROM note ORDER BY rowid')
+      .all()
+      .map((row) => (row as { text: string }).text);
+  } finally {
+    reader.close();
+  }
+}
+
+describe('sqliteStore transactions', () => {
+  let filename: string;
+  let store: SqliteStore;
+
+  beforeAll(() => {
+    filename = tempFile();
+    store = sqliteStore({ filename });
+    store.database.exec('CREATE TABLE note (text TEXT NOT NULL)');
+  });
+  afterAll(() => store.close());
+
+  it('a write of the store waits for an open transaction instead of joining it', async () => {
+    const claimInput = input();
+    const failure = new Error('application rolled back');
+    const events: string[] = [];
+    const transaction = store.transaction(async (db) => {
+      db.prepare('INSERT INTO note (text) VALUES (?)').run('rolled back');
+      await sleep(50);
+      events.push('transaction ending');
+      throw failure;
+    });
+    const claimed = store.claim(claimInput).then((result) => {
+      events.push('claimed');
+      return result;
+    });
+    await expect(transaction).rejects.toBe(failure);
+    expect((await claimed).outcome).toBe('acquired');
+    expect(events).toEqual(['transaction ending', 'claimed']);
+    expect(notes(filename)).toEqual([]);
+    const other = sqliteStore({ filename });
+    expect((await other.claim(claimInput)).outcome).toBe('in_progress');
+    await other.close();
+  });
+
+  it('commits an async transaction and returns its value', async () => {
+    const value = await store.transaction(async (db) => {
+      db.prepare('INSERT INTO note (text) VALUES (?)').run('committed');
+      await sleep(5);
+      return 42;
+    });
+    expect(value).toBe(42);
+    expect(notes(filename)).toEqual(['committed']);
+    store.database.exec('DELETE FROM note');
+  });
+
+  it("inside atomic work, the store's own calls and transactions nest instead of deadlocking", async () => {
+    const claimInput = input();
+    const inner = input();
+    const result = await store.atomic(claimInput, async (db) => {
+      db.prepare('INSERT INTO note (text) VALUES (?)').run('outer');
+      await expect(
+        store.transaction(async (tx) => {
+          tx.prepare('INSERT INTO note (text) VALUES (?)').run('inner, rolled back');
+          throw new Error('inner failed');
+        }),
+      ).rejects.toThrow('inner failed');
+      await store.transaction((tx) => tx.prepare('INSERT INTO note (text) VALUES (?)').run('inner, kept'));
+      expect((await store.claim(inner)).outcome).toBe('acquired');
+      return { response, commit: true };
+    });
+    expect(result).toMatchObject({ outcome: 'executed', committed: true });
+    expect(notes(filename)).toEqual(['outer', 'inner, kept']);
+    expect((await store.claim(inner)).outcome).toBe('in_progress');
+    store.database.exec('DELETE FROM note');
+  });
+
+  it('rolls back a nested claim together with the atomic work', async () => {
+    const claimInput = input();
+    const inner = input();
+    await store.atomic(claimInput, async () => {
+      await store.claim(inner);
+      return { response, commit: false };
+    });
+    expect((await store.claim(inner)).outcome).toBe('acquired');
+  });
+});
+
+describe('sqliteStore setup', () => {
+  it('opens its file in WAL mode with a table keyed by (scope, key) and an index on expires_at_ms', async () => {
+    const store = sqliteStore({ filename: tempFile() });
+    expect(store.database.pragma('journal_mode', { simple: true })).toBe('wal');
+    const plan = store.database
+      .prepare('EXPLAIN QUERY PLAN SELECT rowid FROM idempotency_keys WHERE expires_at_ms <= ? LIMIT ?')
+      .all(Date.now(), 10)
+      .map((row) => (row as { detail: string }).detail)
+      .join('\n');
+    expect(plan).toContain('idempotency_keys_expires_at_ms');
+    const claimInput = input();
+    expect((await store.claim(claimInput)).outcome).toBe('acquired');
+    expect(() =>
+      store.database
+        .prepare(
+          `INSERT INTO idempotency_keys (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+           VALUES (?, ?, 'x', 'x', 0, 0, 0)`,
+        )
+        .run(claimInput.scope, claimInput.key),
+    ).toThrow(/UNIQUE/);
+    await store.close();
+  });
+
+  it('closes a connection it opened and leaves a passed one open', async () => {
+    const owned = sqliteStore({ filename: tempFile() });
+    await owned.close();
+    expect(owned.database.open).toBe(false);
+    const database = new Database(tempFile());
+    await sqliteStore({ database }).close();
+    expect(database.open).toBe(true);
+    database.close();
+  });
+
+  it('close() wakes pending waits', async () => {
+    const store = sqliteStore({ filename: tempFile() });
+    const claimInput = input();
+    await store.claim(claimInput);
+    const events: string[] = [];
+    const waiting = store.wait(claimInput.scope, claimInput.key, 120_000).then(() => events.push('woke'));
+    await sleep(20);
+    events.push('closing');
+    await store.close();
+    await waiting;
+    expect(events).toEqual(['closing', 'woke']);
+  });
+
+  it.each([
+    [{}, /exactly one of `filename` or `database`/],
+    [{ filename: 'a.db', database: {} as Database.Database }, /exactly one of/],
+    [{ filename: '' }, /filename/],
+    [{ database: {} as Database.Database }, /better-sqlite3 Database/],
+    [{ filename: ':memory:', table: 'keys; DROP TABLE loan' }, /`table` must match/],
+    [{ filename: ':memory:', busyTimeoutMs: 0 }, /busyTimeoutMs.*positive integer/],
+    [{ filename: ':memory:', pollIntervalMs: 1.5 }, /pollIntervalMs/],
+    [{ filename: ':memory:', pollIntervalMs: 100, maxPollIntervalMs: 50 }, /maxPollIntervalMs/],
+  ])('rejects options %o', (options, message) => {
+    expect(() => sqliteStore(options)).toThrow(message);
+  });
+
+  it('rejects a bad purge batch size', async () => {
+    const store = sqliteStore({ filename: ':memory:' });
+    await expect(store.purgeExpired(-1)).rejects.toThrow(/batchSize/);
+    await store.close();
+  });
+});
+
+const root = join(import.meta.dirname, '..');
+
+/** The child processes import `retrysafe/sqlite`, i.e. dist/: build it if src is newer. */
+function ensureBuilt(): void {
+  const stale = () =>
+    ['sqlite', 'internal'].some((name) => {
+      const built = join(root, 'dist/stores', `${name}.js`);
+      try {
+        return statSync(built).mtimeMs < statSync(join(root, 'src/stores', `${name}.ts`)).mtimeMs;
+      } catch {
+        return true;
+      }
+    });
+  if (!stale()) return;
+  const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+  let output = '';
+  try {
+    execFileSync(process.execPath, [tsc, '-p', 'tsconfig.build.json'], { cwd: root, encoding: 'utf8' });
+  } catch (error) {
+    // Errors elsewhere in src/ still emit our files; only a missing or stale output is fatal here.
+    output = String((error as { stdout?: string }).stdout ?? error);
+  }
+  if (stale()) throw new Error(`building dist/ failed:\n${output}`);
+}
+
+interface ChildOutcome {
+  outcome: string;
+  body?: string;
+}
+
+/** Starts every child, lets them all go at once, and collects what each printed. */
+async function race(filename: string, mode: 'claim' | 'atomic', processes: number, callsEach: number) {
+  const fixture = join(root, 'test/fixtures/sqlite-claimer.mjs');
+  const scope = `scope-${randomUUID()}`;
+  const key = `key-${randomUUID()}`;
+  const children = Array.from({ length: processes }, () => {
+    const child = spawn(process.execPath, [fixture, filename, scope, key, mode, String(callsEach)], {
+      cwd: root,
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    const lines = createInterface({ input: child.stdout })[Symbol.asyncIterator]();
+    const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+    return { child, lines, exited };
+  });
+  for (const { lines } of children) expect((await lines.next()).value).toBe('ready');
+  for (const { child } of children) child.stdin.write('go\n');
+  const outcomes: ChildOutcome[] = [];
+  for (const { lines, exited } of children) {
+    const line = (await lines.next()).value as string;
+    outcomes.push(...(JSON.parse(line) as ChildOutcome[]));
+    expect(await exited).toBe(0);
+  }
+  return outcomes;
+}
+
+describe('sqliteStore across processes', () => {
+  let filename: string;
+
+  beforeAll(async () => {
+    ensureBuilt();
+    filename = tempFile();
+    const store = sqliteStore({ filename });
+    store.database.exec('CREATE TABLE effect (pid INTEGER NOT NULL)');
+    await store.close();
+  }, 120_000);
+
+  it('of 4 processes × 20 concurrent claims of one key, exactly one acquires', async () => {
+    const outcomes = await race(filename, 'claim', 4, 20);
+    expect(outcomes).toHaveLength(80);
+    expect(outcomes.filter((o) => o.outcome === 'acquired')).toHaveLength(1);
+    expect(outcomes.filter((o) => o.outcome === 'in_progress')).toHaveLength(79);
+  }, 60_000);
+
+  it('of 4 processes × 5 concurrent atomic calls of one key, one executes once and the rest replay it', async () => {
+    const outcomes = await race(filename, 'atomic', 4, 5);
+    expect(outcomes).toHaveLength(20);
+    const executed = outcomes.filter((o) => o.outcome === 'executed');
+    expect(executed).toHaveLength(1);
+    const replays = outcomes.filter((o) => o.outcome === 'replay');
+    expect(replays).toHaveLength(19);
+    for (const replay of replays) expect(replay.body).toBe(executed[0]!.body);
+    const reader = new Database(filename, { readonly: true });
+    expect(reader.prepare('SELECT count(*) AS n FROM effect').get()).toEqual({ n: 1 });
+    reader.close();
+  }, 60_000);
+});
