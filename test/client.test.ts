@@ -296,6 +296,7 @@ it('options are validated at construction, naming the option', () => {
   expect(() => createRetryingFetch({ maxAttempts: 0 })).toThrow(/maxAttempts/);
   expect(() => createRetryingFetch({ maxAttempts: 1.5 })).toThrow(/maxAttempts/);
   expect(() => createRetryingFetch({ deadlineMs: Number.NaN })).toThrow(/deadlineMs/);
+  expect(() => createRetryingFetch({ deadlineMs: 2 ** 31 })).toThrow(/deadlineMs/);
   expect(() => createRetryingFetch({ baseDelayMs: -1 })).toThrow(/baseDelayMs/);
   expect(() => createRetryingFetch({ attemptTimeoutMs: 0 })).toThrow(/attemptTimeoutMs/);
   expect(() => createRetryingFetch({ headerName: 'bad header' })).toThrow(/headerName/);

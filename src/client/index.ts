@@ -65,8 +65,9 @@ export interface RetryingFetchOptions {
 }
 
 /**
- * `RequestInit` plus the key of this intent: a string to use it, `false` to send no key (then a
- * retried POST may run twice: only for requests that are idempotent by themselves).
+ * `RequestInit` plus the key of this intent: a string to use it (an `Idempotency-Key` already in
+ * `headers` counts as given too), `false` to send no key (then a retried POST may run twice: only
+ * for requests that are idempotent by themselves), absent to generate one.
  */
 export type RetryingRequestInit = RequestInit & { idempotencyKey?: string | false };
 
@@ -144,6 +145,8 @@ export function parseRetryAfterMs(value: string | null, nowMs = Date.now()): num
   return Number.isNaN(dateMs) ? undefined : Math.max(0, dateMs - nowMs);
 }
 
+const MAX_TIMER_MS = 2_147_483_647;
+
 class AttemptTimeoutError extends Error {
   override readonly name = 'TimeoutError';
 }
@@ -198,9 +201,14 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
  */
 export function createRetryingFetch(options: RetryingFetchOptions = {}): RetryingFetch {
   const maxAttempts = numberOption('maxAttempts', options.maxAttempts, 5, 1);
-  if (!Number.isInteger(maxAttempts))
+  if (!Number.isInteger(maxAttempts)) {
     throw new TypeError('retrysafe/client: option `maxAttempts` must be an integer');
+  }
   const deadlineMs = numberOption('deadlineMs', options.deadlineMs, 30_000, 1);
+  // setTimeout fires at once past 2^31-1 ms; every wait and attempt timer stays below the deadline.
+  if (deadlineMs > MAX_TIMER_MS) {
+    throw new TypeError(`retrysafe/client: option \`deadlineMs\` must be at most ${MAX_TIMER_MS}`);
+  }
   const baseDelayMs = numberOption('baseDelayMs', options.baseDelayMs, 100, 0);
   const maxDelayMs = numberOption('maxDelayMs', options.maxDelayMs, 5_000, 0);
   const attemptTimeoutMs =
@@ -277,7 +285,7 @@ export function createRetryingFetch(options: RetryingFetchOptions = {}): Retryin
 
       const delayMs = Math.round(
         parseRetryAfterMs(response?.headers.get('retry-after') ?? null) ??
-          Math.random() * Math.min(maxDelayMs, baseDelayMs * 2 ** (attempt - 1)),
+          Math.random() * Math.min(maxDelayMs, baseDelayMs * 2 ** Math.min(attempt - 1, 52)),
       );
       const budgetReason =
         attempt >= maxAttempts ? 'attempts' : delayMs >= remainingMs() ? 'deadline' : undefined;
