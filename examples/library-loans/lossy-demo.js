@@ -83,13 +83,14 @@ export async function runLossyNetworkAct({
     },
   });
 
-  // Each intent's issuedAt is unique, so a response carrying another intent's loan is detectable.
-  const startMs = Date.now();
+  // Each intent's issuedAt (a day counted back from today) is unique, so a response carrying
+  // another intent's loan is detectable.
+  const todayMs = Date.parse(new Date().toISOString().slice(0, 10));
   /** @type {LoanIntent[]} */
   const plan = Array.from({ length: intents }, (_, i) => ({
     member: MEMBERS[i % MEMBERS.length].id,
     isbn: BOOKS[i % BOOKS.length].isbn,
-    issuedAt: new Date(startMs + i).toISOString(),
+    issuedAt: new Date(todayMs - i * 86_400_000).toISOString().slice(0, 10),
   }));
   /** @type {IntentOutcome[]} */
   const outcomes = new Array(intents);
