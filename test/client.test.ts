@@ -1,3 +1,4 @@
+import { readFile } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import fc from 'fast-check';
@@ -354,4 +355,10 @@ describe('property: one key per call, and the first final answer ends it', () =>
       { numRuns: 60 },
     );
   });
+});
+
+it('the client imports nothing, so it runs in browsers as in Node', async () => {
+  const source = await readFile(new URL('../src/client/index.ts', import.meta.url), 'utf8');
+  expect(source).not.toMatch(/^\s*import\s/m);
+  expect(source).not.toMatch(/\brequire\(|process\.|Buffer\b/);
 });

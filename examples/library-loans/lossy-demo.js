@@ -115,7 +115,7 @@ export async function runLossyNetworkAct({
   const loansBefore = (await listLoans(baseUrl)).length;
   log(
     `Lossy network${keys ? '' : ' (no keys)'}: ${intents} loan intents from ${concurrency} clients through a proxy ` +
-      `dropping ${dropRate * 100}% of responses and refusing ${refuseRate * 100}% of connections`,
+      `dropping ${Math.round(dropRate * 100)}% of responses and refusing ${Math.round(refuseRate * 100)}% of connections`,
   );
   let next = 0;
   try {
