@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/types.js';
@@ -118,6 +119,11 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     await store.complete('s', 'notify', claimed.token, response('done'));
     await waiting;
     expect(settled).toBe(true);
+    const channel = `retrysafe_${createHash('sha1').update(`"${schema}"."retrysafe_keys"`).digest('hex').slice(0, 12)}`;
+    const { rows } = await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = $1', [
+      `LISTEN "${channel}"`,
+    ]);
+    expect(rows[0].n).toBe(1);
   });
 
   describe('atomic mode', () => {

@@ -1,0 +1,261 @@
+import { Redis } from 'ioredis';
+import type { ClaimResult, IdempotencyStore, StoredResponse } from '../core/types.js';
+import { newToken, recordId, requirePositiveInteger, Waiters } from './internal.js';
+import { pollUntilSettled } from './poll-wait.js';
+
+export interface RedisStoreOptions {
+  /**
+   * An ioredis client to use; the store defines its scripts on it and never closes it. Give it a
+   * `commandTimeout` (or `maxRetriesPerRequest` and `enableOfflineQueue: false`) so commands reject
+   * while Redis is down instead of queueing. One of `client`/`url`.
+   */
+  client?: Redis;
+  /** A `redis://` URL; the store then owns a client built with the timeouts below. */
+  url?: string;
+  /**
+   * Prepended to every key the store writes and to its pub/sub channel.
+   * @default 'retrysafe:'
+   */
+  prefix?: string;
+  /**
+   * How long a command of the store's own client may take, queued while reconnecting included,
+   * before it rejects: an outage answers an error, never a hang.
+   * @default 2000
+   */
+  commandTimeoutMs?: number;
+  /** @default 2000 */
+  connectTimeoutMs?: number;
+}
+
+const MS_NOW = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
+
+// KEYS[1] record; ARGV fingerprint, token, leaseMs, ttlMs. Retention is the key's own TTL; the
+// record outlives its lease (as in every store), so a live owner never reads as absent.
+const CLAIM_LUA = `${MS_NOW}
+local rec = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until_ms', 'status', 'headers', 'body')
+if rec[1] then
+  if rec[1] ~= ARGV[1] then return {'mismatch'} end
+  if rec[2] == 'completed' then return {'replay', rec[4], rec[5], rec[6]} end
+  local left = tonumber(rec[3]) - now
+  if left > 0 then return {'in_progress', left} end
+end
+local lease = tonumber(ARGV[3])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'state', 'in_progress', 'token', ARGV[2],
+  'lease_until_ms', string.format('%d', now + lease))
+redis.call('PEXPIRE', KEYS[1], math.max(lease, tonumber(ARGV[4])))
+return {'acquired'}`;
+
+// KEYS[1] record; ARGV token, status, headers JSON, body, channel.
+const COMPLETE_LUA = `local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
+if rec[1] ~= ARGV[1] or rec[2] ~= 'in_progress' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lease_until_ms')
+redis.call('PUBLISH', ARGV[5], KEYS[1])
+return 1`;
+
+// KEYS[1] record; ARGV token, channel.
+const RELEASE_LUA = `local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
+if rec[1] ~= ARGV[1] or rec[2] ~= 'in_progress' then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], KEYS[1])
+return 1`;
+
+// KEYS[1] record. Ms left on a live lease, or -1 when the record is not in progress.
+const LEASE_LEFT_LUA = `local rec = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
+if rec[1] ~= 'in_progress' then return -1 end
+${MS_NOW}
+local left = tonumber(rec[2]) - now
+if left <= 0 then return -1 end
+return left`;
+
+interface RetrysafeCommands {
+  retrysafeClaimBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
+  retrysafeComplete(key: string, ...args: (string | number | Buffer)[]): Promise<number>;
+  retrysafeRelease(key: string, ...args: string[]): Promise<number>;
+  retrysafeLeaseLeft(key: string): Promise<number>;
+}
+
+/** Reconnect attempts back off to this, so a restarted Redis is used again within half a second. */
+const MAX_RECONNECT_DELAY_MS = 500;
+
+function firstReady(client: Redis, timeoutMs: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      client.off('ready', onReady);
+      reject(new Error(`redisStore: no connection to Redis within ${timeoutMs} ms (\`connectTimeoutMs\`)`));
+    }, timeoutMs);
+    const onReady = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    client.once('ready', onReady);
+  });
+}
+
+function toBuffer(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
+/**
+ * A store on Redis through `ioredis`: every step is one Lua script (atomic, one round trip, times
+ * from `TIME` on the Redis server), fenced by the owner token; retention is the key's native TTL;
+ * `wait` listens on one pub/sub connection per store, with polling as the fallback.
+ *
+ * Durability: Redis is a cache unless configured otherwise. A Redis without persistence (no AOF,
+ * no RDB, as many deployments run it) forgets every key when it restarts, so a retry that arrives
+ * after a restart runs the operation again; with RDB snapshots it forgets the keys written since
+ * the last snapshot. Use `appendonly yes` (`appendfsync everysec` or `always`) for keys that must
+ * survive a restart, or the PostgreSQL store in atomic mode for exactly-once writes that live in
+ * SQL. There is no atomic mode here: the lease protocol gives at most one concurrent execution, and
+ * a re-execution only after a crash and the lease's expiry.
+ *
+ * `purgeExpired` deletes nothing and answers 0: Redis expires the keys itself.
+ *
+ * @example
+ * ```ts
+ * import { redisStore } from 'retrysafe/redis';
+ * const store = redisStore({ url: 'redis://127.0.0.1:6379', prefix: 'shop:idem:' });
+ * ```
+ */
+export function redisStore(options: RedisStoreOptions): IdempotencyStore {
+  if (!options || (options.client === undefined) === (options.url === undefined)) {
+    throw new TypeError('redisStore: pass exactly one of `client` and `url`');
+  }
+  const prefix = options.prefix ?? 'retrysafe:';
+  if (typeof prefix !== 'string') throw new TypeError('redisStore: `prefix` must be a string');
+  const commandTimeoutMs = requirePositiveInteger(
+    'redisStore',
+    'commandTimeoutMs',
+    options.commandTimeoutMs ?? 2000,
+  );
+  const connectTimeoutMs = requirePositiveInteger(
+    'redisStore',
+    'connectTimeoutMs',
+    options.connectTimeoutMs ?? 2000,
+  );
+
+  const ownsClient = options.client === undefined;
+  const client =
+    options.client ??
+    new Redis(options.url!, {
+      commandTimeout: commandTimeoutMs,
+      connectTimeout: connectTimeoutMs,
+      // While Redis is down a command fails at once. A queued one would instead run whenever the
+      // connection came back, long after its caller gave up: a claim nobody owns.
+      enableOfflineQueue: false,
+      maxRetriesPerRequest: 1,
+      retryStrategy: (attempt) => Math.min(attempt * 50, MAX_RECONNECT_DELAY_MS),
+    });
+  // ioredis reports connection errors as events and reconnects by itself.
+  if (ownsClient) client.on('error', () => {});
+  // Without an offline queue, calls made before the first connection is up would fail.
+  let everReady = !ownsClient || client.status === 'ready';
+  if (!everReady) client.once('ready', () => (everReady = true));
+  async function connected(): Promise<void> {
+    if (!everReady) await firstReady(client, connectTimeoutMs);
+  }
+  client.defineCommand('retrysafeClaim', { numberOfKeys: 1, lua: CLAIM_LUA });
+  client.defineCommand('retrysafeComplete', { numberOfKeys: 1, lua: COMPLETE_LUA });
+  client.defineCommand('retrysafeRelease', { numberOfKeys: 1, lua: RELEASE_LUA });
+  client.defineCommand('retrysafeLeaseLeft', { numberOfKeys: 1, lua: LEASE_LEFT_LUA, readOnly: true });
+  const commands = client as unknown as RetrysafeCommands;
+
+  const channel = `${prefix}settled`;
+  const redisKey = (scope: string, key: string) => `${prefix}${recordId(scope, key)}`;
+  const waiters = new Waiters();
+  let subscriber: Redis | undefined;
+  let closed = false;
+
+  function subscribe(): void {
+    if (subscriber || closed) return;
+    // ioredis re-subscribes after a reconnect by itself; meanwhile waits poll.
+    subscriber = client.duplicate({
+      enableOfflineQueue: true,
+      maxRetriesPerRequest: null,
+      commandTimeout: undefined,
+    });
+    subscriber.on('error', () => {});
+    subscriber.on('message', (from: string, key: string) => {
+      if (from === channel) waiters.wake(key);
+    });
+    subscriber.subscribe(channel).catch(() => {});
+  }
+
+  return {
+    name: 'redis',
+
+    async claim(input): Promise<ClaimResult> {
+      await connected();
+      const token = newToken();
+      const reply = await commands.retrysafeClaimBuffer(
+        redisKey(input.scope, input.key),
+        input.fingerprint,
+        token,
+        input.leaseMs,
+        input.ttlMs,
+      );
+      const outcome = String(reply[0]);
+      switch (outcome) {
+        case 'acquired':
+          return { outcome: 'acquired', token };
+        case 'mismatch':
+          return { outcome: 'mismatch' };
+        case 'in_progress':
+          return { outcome: 'in_progress', retryAfterMs: Number(reply[1]) };
+        case 'replay':
+          return {
+            outcome: 'replay',
+            response: {
+              status: Number(String(reply[1])),
+              headers: JSON.parse(String(reply[2])),
+              body: (reply[3] as Buffer | null) ?? Buffer.alloc(0),
+            },
+          };
+        default:
+          throw new Error(`redisStore: unexpected claim reply ${outcome}`);
+      }
+    },
+
+    async complete(scope, key, token, response: StoredResponse) {
+      await connected();
+      const done = await commands.retrysafeComplete(
+        redisKey(scope, key),
+        token,
+        response.status,
+        JSON.stringify(response.headers),
+        toBuffer(response.body),
+        channel,
+      );
+      return done === 1;
+    },
+
+    async release(scope, key, token) {
+      await connected();
+      return (await commands.retrysafeRelease(redisKey(scope, key), token, channel)) === 1;
+    },
+
+    async wait(scope, key, timeoutMs) {
+      await connected();
+      subscribe();
+      const id = redisKey(scope, key);
+      await pollUntilSettled(waiters, id, timeoutMs, async () => {
+        const leftMs = await commands.retrysafeLeaseLeft(id);
+        return leftMs > 0 ? leftMs : null;
+      });
+    },
+
+    async purgeExpired() {
+      return 0;
+    },
+
+    async close() {
+      closed = true;
+      waiters.wakeAll();
+      subscriber?.disconnect();
+      subscriber = undefined;
+      if (ownsClient) await client.quit().catch(() => client.disconnect());
+    },
+  };
+}

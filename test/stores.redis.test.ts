@@ -1,0 +1,186 @@
+import { type ChildProcess, spawn } from 'node:child_process';
+import net from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { ClaimInput, IdempotencyStore, StoredResponse } from '../src/core/types.js';
+import { redisStore } from '../src/stores/redis.js';
+import { describeStoreConformance } from './conformance/store-suite.js';
+import { hasRedis, REDIS_URL, uniqueName } from './support/services.js';
+
+async function deleteKeys(redis: Redis, prefix: string): Promise<void> {
+  for await (const keys of redis.scanStream({ match: `${prefix}*`, count: 500 })) {
+    if ((keys as string[]).length > 0) await redis.del(...(keys as string[]));
+  }
+}
+
+describe.skipIf(!hasRedis)('redis', () => {
+  describeStoreConformance('redis', async () => {
+    const prefix = `${uniqueName('rs_redis')}:`;
+    const admin = new Redis(REDIS_URL);
+    return {
+      store: redisStore({ url: REDIS_URL, prefix }),
+      expiresNatively: true,
+      async cleanup() {
+        await deleteKeys(admin, prefix);
+        await admin.quit();
+      },
+    };
+  });
+
+  it('rejects bad options naming the option', () => {
+    expect(() => redisStore({} as never)).toThrow(/`client` and `url`/);
+    expect(() => redisStore({ url: REDIS_URL, commandTimeoutMs: -1 })).toThrow(/`commandTimeoutMs`/);
+  });
+
+  it('works on a client the caller owns and leaves it open', async () => {
+    const prefix = `${uniqueName('rs_redis_own')}:`;
+    const client = new Redis(REDIS_URL, { commandTimeout: 2000 });
+    const store = redisStore({ client, prefix });
+    try {
+      const claimed = await store.claim({
+        scope: 's',
+        key: 'k',
+        fingerprint: 'f',
+        leaseMs: 5000,
+        ttlMs: 60_000,
+      });
+      expect(claimed.outcome).toBe('acquired');
+      await store.close();
+      expect(await client.exists(`${prefix}1:sk`)).toBe(1);
+      expect(await client.pttl(`${prefix}1:sk`)).toBeGreaterThan(5000);
+    } finally {
+      await deleteKeys(client, prefix);
+      await client.quit();
+    }
+  });
+});
+
+/** A Redis of this test's own on a free port, without persistence, so it can be restarted freely. */
+describe.skipIf(!hasRedis)('redis restart (own redis-server, no persistence)', () => {
+  let port: number;
+  let server: ChildProcess | undefined;
+  let store: IdempotencyStore;
+  const prefix = 'rs_restart:';
+
+  async function freePort(): Promise<number> {
+    const probe = net.createServer().listen(0, '127.0.0.1');
+    await new Promise((resolve) => probe.once('listening', resolve));
+    const { port } = probe.address() as net.AddressInfo;
+    await new Promise((resolve) => probe.close(resolve));
+    return port;
+  }
+
+  async function startRedis(): Promise<void> {
+    server = spawn(
+      'redis-server',
+      ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'],
+      { stdio: 'ignore' },
+    );
+    const probe = new Redis({ port, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
+    probe.on('error', () => {});
+    for (let attempt = 0; attempt < 100; attempt++) {
+      try {
+        await probe.connect();
+        await probe.ping();
+        probe.disconnect();
+        return;
+      } catch {
+        await sleep(50);
+      }
+    }
+    probe.disconnect();
+    throw new Error(`redis-server on port ${port} did not start`);
+  }
+
+  async function stopRedis(): Promise<void> {
+    const child = server;
+    server = undefined;
+    if (!child || child.exitCode !== null) return;
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    child.kill('SIGKILL');
+    await exited;
+  }
+
+  const input = (key: string): ClaimInput => ({
+    scope: 'tenant',
+    key,
+    fingerprint: 'fp',
+    leaseMs: 10_000,
+    ttlMs: 60_000,
+  });
+  const response: StoredResponse = {
+    status: 201,
+    headers: { 'content-type': 'application/json' },
+    body: new TextEncoder().encode('{"id":1}'),
+  };
+  /** The bound this test puts on "promptly": far above the store's 2 s command timeout. */
+  const HANG_BOUND_MS = 5000;
+  const hung = () => sleep(HANG_BOUND_MS).then(() => 'hung' as const);
+
+  beforeAll(async () => {
+    port = await freePort();
+    await startRedis();
+    store = redisStore({ url: `redis://127.0.0.1:${port}`, prefix });
+  });
+
+  afterAll(async () => {
+    await store?.close();
+    await stopRedis();
+  });
+
+  it('writes only prefixed keys and waits on one pub/sub subscription', async () => {
+    const claimed = await store.claim(input('prefixed'));
+    if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+    const waiting = store.wait('tenant', 'prefixed', 10_000);
+    expect(await store.complete('tenant', 'prefixed', claimed.token, response)).toBe(true);
+    await waiting;
+    const admin = new Redis({ port });
+    try {
+      const keys = await admin.keys('*');
+      expect(keys.length).toBeGreaterThan(0);
+      for (const key of keys) expect(key.startsWith(prefix)).toBe(true);
+      expect(await admin.pubsub('NUMSUB', `${prefix}settled`)).toEqual([`${prefix}settled`, 1]);
+    } finally {
+      admin.disconnect();
+    }
+  });
+
+  it('rejects promptly while Redis is down, recovers by itself, and forgets keys across a restart', async () => {
+    const claimed = await store.claim(input('before-restart'));
+    if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+    expect(await store.complete('tenant', 'before-restart', claimed.token, response)).toBe(true);
+    expect((await store.claim(input('before-restart'))).outcome).toBe('replay');
+
+    await stopRedis();
+    for (const call of [
+      () => store.claim(input('during-outage')),
+      () => store.complete('tenant', 'before-restart', claimed.token, response),
+      () => store.release('tenant', 'before-restart', claimed.token),
+      () => store.wait('tenant', 'before-restart', 60_000),
+    ]) {
+      const outcome = await Promise.race([
+        call().then(
+          () => 'resolved',
+          () => 'rejected',
+        ),
+        hung(),
+      ]);
+      expect(outcome).toBe('rejected');
+    }
+
+    await startRedis();
+    let recovered = false;
+    for (let attempt = 0; attempt < 50 && !recovered; attempt++) {
+      recovered = await store.claim(input('after-restart')).then(
+        (result) => result.outcome === 'acquired',
+        () => false,
+      );
+      if (!recovered) await sleep(200);
+    }
+    expect(recovered).toBe(true);
+    // Without persistence the completed key is gone: its retry would run the operation again.
+    // This is the documented trade-off of redisStore, not a bug.
+    expect((await store.claim(input('before-restart'))).outcome).toBe('acquired');
+  });
+});
