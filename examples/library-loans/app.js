@@ -1,0 +1,155 @@
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import { idempotency } from 'retrysafe/node';
+import { openDatabase, openKeyStore } from './database.js';
+
+const JSON_TYPE = 'application/json; charset=utf-8';
+const DATE = /^\d{4}-\d{2}-\d{2}$/;
+
+function send(res, status, payload, headers = {}) {
+  res.writeHead(status, { 'content-type': JSON_TYPE, ...headers });
+  res.end(JSON.stringify(payload));
+}
+
+/**
+ * The caller's bearer token names its key scope: two callers sending the same key string name two
+ * operations. Only a digest of the token is kept in the key store, never the token itself.
+ */
+function scopeOf(req) {
+  const match = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
+  return match ? `bearer:${createHash('sha256').update(match[1]).digest('base64url')}` : 'anonymous';
+}
+
+/** Checks the body of `POST /loans`; a `problem` is answered with 400 before anything is written. */
+function parseLoan(body) {
+  if (body.length === 0) {
+    return {
+      problem: { error: 'invalid_body', message: 'The body is empty; send {"member", "isbn", "issuedAt"}.' },
+    };
+  }
+  let value;
+  try {
+    value = JSON.parse(body.toString('utf8'));
+  } catch (error) {
+    return { problem: { error: 'invalid_json', message: `The body is not valid JSON: ${error.message}` } };
+  }
+  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
+    return {
+      problem: {
+        error: 'invalid_body',
+        message: 'The body must be a JSON object {"member", "isbn", "issuedAt"}.',
+      },
+    };
+  }
+  for (const field of ['member', 'isbn']) {
+    const text = value[field];
+    if (typeof text !== 'string' || text.length === 0 || text.length > 64) {
+      return { problem: { error: 'validation', field, message: `${field} must be a non-empty string.` } };
+    }
+  }
+  const { issuedAt } = value;
+  if (typeof issuedAt !== 'string' || !DATE.test(issuedAt) || Number.isNaN(Date.parse(issuedAt))) {
+    return {
+      problem: {
+        error: 'validation',
+        field: 'issuedAt',
+        message: 'issuedAt must be a date like "2026-03-10".',
+      },
+    };
+  }
+  return { loan: { member: value.member, isbn: value.isbn, issuedAt } };
+}
+
+/**
+ * The loan desk's HTTP handler over a loan database (sqlite.js or postgres.js) and an idempotency
+ * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
+ * instead of lending the book again; without a key every call is a new loan.
+ */
+export function loanDesk({ database, store, mode, ttlMs, leaseMs, required }) {
+  const guard = idempotency({ store, mode, ttl: ttlMs, lease: leaseMs, required, scope: scopeOf });
+
+  // In atomic mode `idem.tx` is the transaction holding the claim: the loan commits with the
+  // saved response or not at all.
+  const createLoan = guard(async function createLoan(req, res, idem) {
+    const { loan, problem } = parseLoan(req.body);
+    if (problem) return send(res, 400, problem);
+    const result = await database.createLoan(loan, idem?.tx);
+    if (result.missing) {
+      return send(res, 422, {
+        error: 'validation',
+        field: result.missing,
+        message: `No ${result.missing === 'isbn' ? 'book with isbn' : 'member with id'} ${loan[result.missing]}.`,
+      });
+    }
+    const { id, member, isbn, issuedAt } = result.loan;
+    send(res, 201, { id, member, isbn, issuedAt }, { location: `/loans/${id}` });
+  });
+
+  async function read(res, query) {
+    try {
+      const found = await query();
+      if (found === undefined) return send(res, 404, { error: 'loan_not_found' });
+      send(res, 200, found);
+    } catch (error) {
+      console.error('loan desk: read failed', error);
+      send(res, 503, { error: 'database_unavailable', message: 'The database did not answer; try again.' });
+    }
+  }
+
+  return function loanDeskHandler(req, res) {
+    const { pathname } = new URL(req.url ?? '/', 'http://loan-desk');
+    const reading = req.method === 'GET' || req.method === 'HEAD';
+    const allow = (methods) =>
+      send(res, 405, { error: 'method_not_allowed', allow: methods }, { allow: methods });
+
+    if (pathname === '/loans') {
+      if (req.method === 'POST') return createLoan(req, res);
+      return reading ? read(res, () => database.listLoans()) : allow('GET, POST');
+    }
+    const loanPath = /^\/loans\/([^/]+)$/.exec(pathname);
+    if (loanPath) {
+      if (!reading) return allow('GET');
+      const id = /^[1-9]\d{0,8}$/.test(loanPath[1]) ? Number(loanPath[1]) : undefined;
+      return read(res, () => (id === undefined ? undefined : database.getLoan(id)));
+    }
+    if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET');
+    send(res, 404, { error: 'path_not_found' });
+  };
+}
+
+export const deskUrl = (host, port) => `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
+
+/**
+ * Opens the database and the key store named by `config` (config.js), serves the desk on
+ * `config.host`/`config.port` and purges expired keys every `config.purgeIntervalMs`.
+ * `setup: true` creates the schema and catalog first. `close()` stops accepting connections, lets
+ * the requests in flight finish, then closes the stores.
+ */
+export async function startLoanDesk(config, { setup }) {
+  const database = await openDatabase(config, { setup });
+  const store = await openKeyStore(config, database);
+  const server = http.createServer(loanDesk({ ...config, database, store }));
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(config.port, config.host, resolve);
+  });
+  const purge = setInterval(() => {
+    store.purgeExpired().catch((error) => console.error('loan desk: purge failed:', error.message));
+  }, config.purgeIntervalMs);
+  purge.unref();
+  const { port } = server.address();
+  return {
+    url: deskUrl(config.host, port),
+    port,
+    database,
+    store,
+    async close() {
+      clearInterval(purge);
+      const closed = new Promise((resolve) => server.close(resolve));
+      server.closeIdleConnections();
+      await closed;
+      if (store !== database.store) await store.close();
+      await database.close();
+    },
+  };
+}

@@ -1,0 +1,99 @@
+import ms from 'ms';
+
+/**
+ * The loan desk's settings, read from the environment once at start. Every mistake is reported
+ * with the variable's name, before anything is opened.
+ *
+ * HOST, PORT                 where to listen (127.0.0.1:8483; PORT=0 picks a free port)
+ * DATABASE_URL               a SQLite file (library.db) or postgres://user@host:port/db?schema=name
+ * IDEMPOTENCY_STORE          where keys live: the database (default), `memory`, or
+ *                            redis://host:port?prefix=name (keys then live in Redis, loans in SQL)
+ * IDEMPOTENCY_MODE           atomic (default with keys in the database) or lease
+ * IDEMPOTENCY_REQUIRED       true: POST /loans without a key is 400 (default false: a new loan each time)
+ * IDEMPOTENCY_TTL            how long a key replays its response (24h; e.g. 7d, 2s)
+ * IDEMPOTENCY_LEASE          how long a claimed key is owned before a retry may take it over (30s)
+ * PURGE_INTERVAL             how often expired keys are deleted (1m)
+ * WORKERS                    processes sharing the port and the database (1)
+ */
+export function readConfig(env = process.env) {
+  const fail = (name, expected) => {
+    throw new Error(`${name}=${JSON.stringify(env[name])} is invalid: expected ${expected}`);
+  };
+  const duration = (name, fallback) => {
+    const value = env[name] || fallback;
+    const parsed = /^\d+$/.test(value) ? Number(value) : ms(value);
+    if (!Number.isSafeInteger(parsed) || parsed <= 0) fail(name, 'a duration like 2s, 1m, 24h, 7d');
+    return parsed;
+  };
+  const integer = (name, fallback, min) => {
+    const value = env[name] || String(fallback);
+    const parsed = Number(value);
+    if (!/^\d+$/.test(value) || !Number.isSafeInteger(parsed) || parsed < min) {
+      fail(name, `an integer of at least ${min}`);
+    }
+    return parsed;
+  };
+
+  const port = integer('PORT', 8483, 0);
+  if (port > 65535) fail('PORT', 'a port number up to 65535');
+
+  const databaseUrl = env.DATABASE_URL || 'library.db';
+  let database;
+  if (/^postgres(ql)?:\/\//.test(databaseUrl)) {
+    const url = new URL(databaseUrl);
+    // `schema` is ours, not libpq's: it isolates one desk (or one test run) in its own schema.
+    const schema = url.searchParams.get('schema') || 'public';
+    if (!/^[A-Za-z_][A-Za-z0-9_]{0,62}$/.test(schema))
+      fail('DATABASE_URL', 'a schema name of letters, digits, _');
+    url.searchParams.delete('schema');
+    database = { kind: 'postgres', url: url.toString(), schema };
+  } else {
+    database = { kind: 'sqlite', filename: databaseUrl.replace(/^(sqlite|file):(\/\/)?/, '') };
+  }
+
+  const storeUrl = env.IDEMPOTENCY_STORE || 'database';
+  let keys;
+  if (storeUrl === 'database' || storeUrl === 'memory') keys = { kind: storeUrl };
+  else if (/^rediss?:\/\//.test(storeUrl)) {
+    const url = new URL(storeUrl);
+    // `prefix` is ours too: the Redis key prefix, so several desks (or test runs) share one Redis.
+    const prefix = url.searchParams.get('prefix') || 'library-loans:';
+    url.searchParams.delete('prefix');
+    keys = { kind: 'redis', url: url.toString(), prefix };
+  } else fail('IDEMPOTENCY_STORE', '`database`, `memory` or a redis:// URL');
+
+  const mode = env.IDEMPOTENCY_MODE || (keys.kind === 'database' ? 'atomic' : 'lease');
+  if (mode !== 'atomic' && mode !== 'lease') fail('IDEMPOTENCY_MODE', '`atomic` or `lease`');
+  if (mode === 'atomic' && keys.kind !== 'database') {
+    fail('IDEMPOTENCY_MODE', 'lease when IDEMPOTENCY_STORE keeps keys outside the database');
+  }
+
+  const required = env.IDEMPOTENCY_REQUIRED || 'false';
+  if (required !== 'true' && required !== 'false') fail('IDEMPOTENCY_REQUIRED', '`true` or `false`');
+
+  const ttlMs = duration('IDEMPOTENCY_TTL', '24h');
+  return {
+    host: env.HOST || '127.0.0.1',
+    port,
+    database,
+    keys,
+    mode,
+    required: required === 'true',
+    ttlMs,
+    // The engine refuses a lease longer than retention; a short TTL (tests) shortens the lease too.
+    leaseMs: Math.min(duration('IDEMPOTENCY_LEASE', '30s'), ttlMs),
+    purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
+    workers: integer('WORKERS', 1, 1),
+  };
+}
+
+/** One line saying what runs where, without credentials. */
+export function describe(config) {
+  const { database, keys } = config;
+  const where =
+    database.kind === 'sqlite'
+      ? `SQLite ${database.filename}`
+      : `PostgreSQL ${new URL(database.url).host}${new URL(database.url).pathname} schema ${database.schema}`;
+  const keyPlace = keys.kind === 'database' ? 'the database' : keys.kind === 'memory' ? 'memory' : 'Redis';
+  return `${where}; keys in ${keyPlace}, ${config.mode} mode, kept ${ms(config.ttlMs, { long: true })}`;
+}
