@@ -276,6 +276,24 @@ describe('sqliteStore across processes', () => {
     await store.close();
   }, 120_000);
 
+  it('wait sees a completion made through another connection', async () => {
+    const owner = sqliteStore({ filename });
+    const waiter = sqliteStore({ filename });
+    const claimInput = input();
+    const claimed = await owner.claim(claimInput);
+    if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+    const events: string[] = [];
+    const waiting = waiter.wait(claimInput.scope, claimInput.key, 120_000).then(() => events.push('woke'));
+    await sleep(100);
+    events.push('completed');
+    expect(await owner.complete(claimInput.scope, claimInput.key, claimed.token, response)).toBe(true);
+    await waiting;
+    expect(events).toEqual(['completed', 'woke']);
+    expect((await waiter.claim(claimInput)).outcome).toBe('replay');
+    await owner.close();
+    await waiter.close();
+  }, 15_000);
+
   it('of 4 processes × 20 concurrent claims of one key, exactly one acquires', async () => {
     const outcomes = await race(filename, 'claim', 4, 20);
     expect(outcomes).toHaveLength(80);

@@ -104,6 +104,10 @@ const TABLE_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
  * processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
  * commits the claim, the handler's own writes and the response in one transaction.
  *
+ * Open one store per database file per process and run the application's own writes on
+ * `store.database`: better-sqlite3 waits for a lock synchronously, so a second connection in this
+ * process would block the event loop that the first one's open transaction needs to finish.
+ *
  * @example
  * ```ts
  * import { sqliteStore } from 'retrysafe/sqlite';
