@@ -65,7 +65,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 
   it('rejects bad options naming the option', () => {
     expect(() => postgresStore({ connectionString: PG_URL, schema: 'a;drop' })).toThrow(/`schema`/);
-    expect(() => postgresStore({} as never)).toThrow(/`pool` and `connectionString`/);
+    expect(() => postgresStore({} as never)).toThrow(/`pool` or `connectionString`/);
     expect(() => postgresStore({ connectionString: PG_URL, statementTimeoutMs: 0 })).toThrow(
       /`statementTimeoutMs`/,
     );
@@ -80,7 +80,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
         `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'keys' ORDER BY 1`,
         [`${schema}_m`],
       );
-      expect(rows.map((r) => r.indexname)).toEqual(['keys_expires_at_ms_idx', 'keys_pkey']);
+      expect(rows.map((r) => r.indexname)).toEqual(['keys_expires_at_ms', 'keys_pkey']);
     } finally {
       await other.close();
       await admin.query(`DROP SCHEMA IF EXISTS "${schema}_m" CASCADE`);
@@ -93,7 +93,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     const { rows } = await admin.query(
       `SELECT lease_until_ms - created_at_ms AS lease_ms, expires_at_ms - created_at_ms AS ttl_ms,
         abs(created_at_ms - (extract(epoch FROM now()) * 1000)) < 60000 AS recent
-       FROM "${schema}".retrysafe_keys WHERE key = 'clock'`,
+       FROM "${schema}".idempotency_keys WHERE key = 'clock'`,
     );
     expect(rows[0]).toEqual({ lease_ms: '10000', ttl_ms: '60000', recent: true });
   });
@@ -119,7 +119,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     await store.complete('s', 'notify', claimed.token, response('done'));
     await waiting;
     expect(settled).toBe(true);
-    const channel = `retrysafe_${createHash('sha1').update(`"${schema}"."retrysafe_keys"`).digest('hex').slice(0, 12)}`;
+    const channel = `retrysafe_${createHash('sha1').update(`"${schema}"."idempotency_keys"`).digest('hex').slice(0, 12)}`;
     const { rows } = await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = $1', [
       `LISTEN "${channel}"`,
     ]);
@@ -188,7 +188,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
         }),
       ).rejects.toThrow('handler failed');
       expect(await effects('a3')).toBe(0);
-      const { rowCount } = await admin.query(`SELECT 1 FROM "${schema}".retrysafe_keys WHERE key = 'a3'`);
+      const { rowCount } = await admin.query(`SELECT 1 FROM "${schema}".idempotency_keys WHERE key = 'a3'`);
       expect(rowCount).toBe(0);
       const third = await store.atomic(input('a3'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);

@@ -29,7 +29,7 @@ describe.skipIf(!hasRedis)('redis', () => {
   });
 
   it('rejects bad options naming the option', () => {
-    expect(() => redisStore({} as never)).toThrow(/`client` and `url`/);
+    expect(() => redisStore({} as never)).toThrow(/`client` or `url`/);
     expect(() => redisStore({ url: REDIS_URL, commandTimeoutMs: -1 })).toThrow(/`commandTimeoutMs`/);
   });
 

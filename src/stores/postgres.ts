@@ -24,7 +24,7 @@ export interface PostgresStoreOptions {
    * @default 'public'
    */
   schema?: string;
-  /** @default 'retrysafe_keys' */
+  /** @default 'idempotency_keys' */
   table?: string;
   /**
    * Connections of the store's own pool.
@@ -82,12 +82,12 @@ function toBuffer(body: Uint8Array): Buffer {
 
 interface RecordRow {
   fingerprint: string;
-  state: 'in_progress' | 'completed';
+  completed: boolean;
   lease_left_ms: string | null;
   claimable: boolean;
-  response_status: number | null;
-  response_headers: Record<string, string> | null;
-  response_body: Buffer | null;
+  status: number | null;
+  headers: Record<string, string> | null;
+  body: Buffer | null;
 }
 
 /**
@@ -109,10 +109,10 @@ interface RecordRow {
  */
 export function postgresStore(options: PostgresStoreOptions): PostgresStore {
   if (!options || (options.pool === undefined) === (options.connectionString === undefined)) {
-    throw new TypeError('postgresStore: pass exactly one of `pool` and `connectionString`');
+    throw new TypeError('postgresStore: give exactly one of `pool` or `connectionString`');
   }
   const schema = identifier('schema', options.schema ?? 'public');
-  const table = identifier('table', options.table ?? 'retrysafe_keys');
+  const table = identifier('table', options.table ?? 'idempotency_keys');
   const maxConnections = requirePositiveInteger(
     'postgresStore',
     'maxConnections',
@@ -151,42 +151,42 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
   const recordId = (scope: string, key: string) =>
     createHash('sha1').update(scope).update('\0').update(key).digest('base64');
 
+  // A row takes a new claim when its retention has passed (a new operation), or when it is in
+  // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
   const CLAIM = {
     name: `retrysafe_claim_${tag}`,
     text: `INSERT INTO ${qualified} AS r
-        (scope, key, fingerprint, state, owner_token, lease_until_ms, created_at_ms, expires_at_ms)
-      SELECT $1, $2, $3, 'in_progress', $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM (SELECT ${NOW_MS} AS ms) n
-      ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 'in_progress',
-        owner_token = excluded.owner_token, lease_until_ms = excluded.lease_until_ms,
-        response_status = NULL, response_headers = NULL, response_body = NULL,
-        created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms
+        (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+      SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM (SELECT ${NOW_MS} AS ms) n
+      ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, token = excluded.token,
+        lease_until_ms = excluded.lease_until_ms, created_at_ms = excluded.created_at_ms,
+        expires_at_ms = excluded.expires_at_ms, completed_at_ms = NULL, status = NULL, headers = NULL,
+        body = NULL
       WHERE r.expires_at_ms <= excluded.created_at_ms
-        OR (r.state = 'in_progress' AND r.lease_until_ms <= excluded.created_at_ms
+        OR (r.completed_at_ms IS NULL AND r.lease_until_ms <= excluded.created_at_ms
             AND r.fingerprint = excluded.fingerprint)
-      RETURNING owner_token`,
+      RETURNING token`,
   };
   const READ = {
     name: `retrysafe_read_${tag}`,
-    text: `SELECT fingerprint, state, lease_until_ms - n.ms AS lease_left_ms,
-        (expires_at_ms <= n.ms OR (state = 'in_progress' AND lease_until_ms <= n.ms AND fingerprint = $3))
+    text: `SELECT fingerprint, completed_at_ms IS NOT NULL AS completed, lease_until_ms - n.ms AS lease_left_ms,
+        (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))
           AS claimable,
-        response_status, response_headers, response_body
+        status, headers, body
       FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n WHERE scope = $1 AND key = $2`,
   };
   const LEASE_LEFT = {
     name: `retrysafe_lease_left_${tag}`,
     text: `SELECT lease_until_ms - n.ms AS lease_left_ms FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
-      WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND lease_until_ms > n.ms
+      WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND lease_until_ms > n.ms
         AND expires_at_ms > n.ms`,
   };
   // The NOTIFY rides in the same statement (and, in atomic mode, is delivered at COMMIT).
   const COMPLETE = {
     name: `retrysafe_complete_${tag}`,
-    text: `WITH done AS (
-        UPDATE ${qualified} SET state = 'completed', lease_until_ms = NULL,
-          response_status = $4, response_headers = $5, response_body = $6
-        WHERE scope = $1 AND key = $2 AND owner_token = $3 AND state = 'in_progress'
-          AND expires_at_ms > ${NOW_MS}
+    text: `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
+        UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
+        WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
         RETURNING 1)
       SELECT pg_notify($7, $8) FROM done`,
   };
@@ -194,7 +194,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
     name: `retrysafe_release_${tag}`,
     text: `WITH gone AS (
         DELETE FROM ${qualified}
-        WHERE scope = $1 AND key = $2 AND owner_token = $3 AND state = 'in_progress'
+        WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL
           AND expires_at_ms > ${NOW_MS}
         RETURNING 1)
       SELECT pg_notify($4, $5) FROM gone`,
@@ -205,7 +205,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
     text: `WITH n AS (SELECT ${NOW_MS} AS ms)
       DELETE FROM ${qualified} WHERE ctid = ANY(ARRAY(
         SELECT ctid FROM ${qualified}, n
-        WHERE expires_at_ms <= n.ms AND NOT (state = 'in_progress' AND lease_until_ms > n.ms)
+        WHERE expires_at_ms <= n.ms AND NOT (completed_at_ms IS NULL AND lease_until_ms > n.ms)
         LIMIT $1 FOR UPDATE SKIP LOCKED))`,
   };
 
@@ -224,13 +224,13 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       const row = rows[0];
       if (row && !row.claimable) {
         if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-        if (row.state === 'completed') {
+        if (row.completed) {
           return {
             outcome: 'replay',
             response: {
-              status: row.response_status!,
-              headers: row.response_headers ?? {},
-              body: row.response_body ?? Buffer.alloc(0),
+              status: row.status!,
+              headers: row.headers ?? {},
+              body: row.body ?? Buffer.alloc(0),
             },
           };
         }
@@ -299,17 +299,17 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
           scope text NOT NULL,
           key text NOT NULL,
           fingerprint text NOT NULL,
-          state text NOT NULL CHECK (state IN ('in_progress', 'completed')),
-          owner_token text NOT NULL,
-          lease_until_ms bigint,
-          response_status integer,
-          response_headers json,
-          response_body bytea,
+          token text NOT NULL,
+          lease_until_ms bigint NOT NULL,
           created_at_ms bigint NOT NULL,
           expires_at_ms bigint NOT NULL,
+          completed_at_ms bigint,
+          status integer,
+          headers json,
+          body bytea,
           PRIMARY KEY (scope, key))`);
         await client.query(
-          `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms_idx" ON ${qualified} (expires_at_ms)`,
+          `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${qualified} (expires_at_ms)`,
         );
         await client.query('COMMIT');
       } catch (error) {

@@ -121,7 +121,7 @@ function toBuffer(body: Uint8Array): Buffer {
  */
 export function redisStore(options: RedisStoreOptions): IdempotencyStore {
   if (!options || (options.client === undefined) === (options.url === undefined)) {
-    throw new TypeError('redisStore: pass exactly one of `client` and `url`');
+    throw new TypeError('redisStore: give exactly one of `client` or `url`');
   }
   const prefix = options.prefix ?? 'retrysafe:';
   if (typeof prefix !== 'string') throw new TypeError('redisStore: `prefix` must be a string');
