@@ -44,7 +44,7 @@ export interface StoreUnderTest {
  * so a store backed by a shared database works, provided nothing else purges it or writes
  * expiring records to it while the suite runs (the purge test counts exactly what it deleted).
  *
- * Timing: leases and retention of 100-300 ms are waited out with sleeps of at least twice as long;
+ * Timing: leases and retention of 100-200 ms are waited out with sleeps of at least twice as long;
  * no test asserts how long anything took. `wait` is checked by ordering (it did not return before the
  * record changed) and by a test timeout far below the `timeoutMs` passed to it.
  *
@@ -70,7 +70,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
 
     const LONG = { leaseMs: 30_000, ttlMs: 60_000 };
     // Generous against the slowest store here; every sleep past a deadline is at least twice it.
-    const SHORT_MS = 150;
+    const SHORT_MS = 200;
 
     function fresh(fingerprint = 'fp-a', times: { leaseMs: number; ttlMs: number } = LONG): ClaimInput {
       return { scope: `scope-${randomUUID()}`, key: `key-${randomUUID()}`, fingerprint, ...times };
@@ -242,7 +242,6 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       it('after the lease passes a retry takes over with a new token; the old owner can no longer write', async () => {
         const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
         const oldToken = await acquire(input);
-        await expectInProgress(input);
         await sleep(SHORT_MS * 2);
         const newToken = await acquire(input);
         expect(newToken).not.toBe(oldToken);
