@@ -83,9 +83,10 @@ describe('retries the same intent with the same key', () => {
 
   it('after an attempt that timed out', async () => {
     script = ['hang', { status: 201 }];
-    const response = await createRetryingFetch({ ...quick, attemptTimeoutMs: 100 })(url, post);
+    const response = await createRetryingFetch({ ...quick, attemptTimeoutMs: 300 })(url, post);
     expect(response.status).toBe(201);
-    expect(seen.map((s) => s.key)).toEqual([seen[0]!.key, seen[0]!.key]);
+    expect(seen.length).toBeGreaterThanOrEqual(2);
+    expect(new Set(seen.map((s) => s.key)).size).toBe(1);
   });
 });
 
@@ -177,7 +178,9 @@ describe('the retry budget', () => {
     // The budget may run out during a wait (cause: the reset) or cut an attempt (cause: the timeout).
     expect(error.cause instanceof TypeError || error.cause.name === 'TimeoutError').toBe(true);
     expect(error.lastResponse).toBeUndefined();
-    expect(error.attempts).toBe(seen.length);
+    // The attempt the deadline cut may not have reached the server yet.
+    expect(error.attempts - seen.length).toBeGreaterThanOrEqual(0);
+    expect(error.attempts - seen.length).toBeLessThanOrEqual(1);
     expect(error.attempts).toBeLessThan(1000);
   });
 

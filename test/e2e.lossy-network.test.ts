@@ -146,6 +146,7 @@ describe('lossy network: 1,000 intents, 50 tasks, 30 % dropped responses, 10 % r
           `${act.drops} responses dropped, ${act.refused} connections refused -> ${stored.length} loans, ` +
           `${duplicates} duplicates`,
       );
+      expect(act.answered).toBe(INTENTS);
       expect(perIntent.size).toBe(INTENTS);
       expect(act.duplicates).toBe(duplicates);
       // Every dropped response was a loan made whose answer never arrived; its retry made another.
