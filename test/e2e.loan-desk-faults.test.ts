@@ -1,0 +1,262 @@
+import { execFile } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
+import net from 'node:net';
+import { promisify } from 'node:util';
+import Database from 'better-sqlite3';
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  getJson,
+  type LoanResponse,
+  listLoans,
+  postLoan,
+  ROOT,
+  startLoanDesk,
+  tempDatabaseUrl,
+} from './support/loan-desk.js';
+import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+
+/**
+ * The loan desk under processes, crashes, clocks and broken dependencies: WORKERS=N, kill -9 mid
+ * flight and restart, retention expiry, purge (timer and CLI), required keys, a dead key store.
+ */
+
+const run = promisify(execFile);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const DAY_MS = 86_400_000;
+let intents = 0;
+function intent() {
+  intents++;
+  return {
+    member: `U-${1001 + (intents % 10)}`,
+    isbn: `K-${String(1 + (intents % 10)).padStart(2, '0')}`,
+    issuedAt: new Date(Date.UTC(2025, 0, 1) + intents * DAY_MS).toISOString().slice(0, 10),
+  };
+}
+const key = (label = 'K') => `${label}-${randomUUID()}`;
+
+/** What a careful client does after a crash: resend with the same key until the answer is final. */
+async function resendUntilFinal(baseUrl: string, body: object, k: string): Promise<LoanResponse> {
+  for (let attempt = 1; ; attempt++) {
+    const response = await postLoan(baseUrl, body, { key: k }).catch(() => undefined);
+    const transient =
+      response === undefined || response.status === 503 || response.body?.error === 'request_in_progress';
+    if (!transient || attempt === 60) return response!;
+    await sleep(250);
+  }
+}
+
+const pgSchemas: string[] = [];
+function pgDatabaseUrl(): string {
+  const schema = uniqueName('rs_loan_faults');
+  pgSchemas.push(schema);
+  return `${PG_URL}?schema=${schema}`;
+}
+afterAll(async () => {
+  if (pgSchemas.length === 0) return;
+  const admin = new pg.Client({ connectionString: PG_URL });
+  await admin.connect();
+  for (const schema of pgSchemas) await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  await admin.end();
+});
+
+const databases = [
+  { name: 'SQLite', skip: false, url: () => tempDatabaseUrl() },
+  { name: 'PostgreSQL', skip: !hasPostgres, url: pgDatabaseUrl },
+];
+
+describe.each(databases)('loan desk on $name, atomic mode', ({ skip, url }) => {
+  it.skipIf(skip)('WORKERS=4: 60 concurrent requests with one key make one loan', async () => {
+    const desk = await startLoanDesk({ workers: 4, env: { DATABASE_URL: url() } });
+    try {
+      const k = key('OD');
+      const body = intent();
+      const responses = await Promise.all(
+        Array.from({ length: 60 }, () => postLoan(desk.baseUrl, body, { key: k })),
+      );
+      expect(responses.map((r) => r.status)).toEqual(Array(60).fill(201));
+      expect(new Set(responses.map((r) => r.text)).size).toBe(1);
+      expect(await listLoans(desk.baseUrl)).toHaveLength(1);
+      // Every worker reached the same database: keyless requests spread over them all count too.
+      await Promise.all(Array.from({ length: 20 }, () => postLoan(desk.baseUrl, intent())));
+      expect(await listLoans(desk.baseUrl)).toHaveLength(21);
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  });
+
+  it.skipIf(skip)('kill -9 with 40 keyed requests in flight, restart, resend: exactly 40 loans', async () => {
+    const env = { DATABASE_URL: url() };
+    const desk = await startLoanDesk({ env });
+    const plan = Array.from({ length: 40 }, () => ({ key: key('crash'), body: intent() }));
+    const inFlight = plan.map((p) => postLoan(desk.baseUrl, p.body, { key: p.key }).catch(() => undefined));
+    // The power goes out as soon as the first answer is out: the others are somewhere in between.
+    await Promise.race(inFlight);
+    await desk.kill9();
+    const beforeCrash = await Promise.all(inFlight);
+
+    const restarted = await startLoanDesk({ env: { ...env, DATABASE_URL: desk.databaseUrl } });
+    try {
+      // Every loan whose 201 left the desk survived the crash.
+      const survived = await listLoans(restarted.baseUrl);
+      expect(survived.length).toBeGreaterThanOrEqual(beforeCrash.filter((r) => r?.status === 201).length);
+      const finals = await Promise.all(plan.map((p) => resendUntilFinal(restarted.baseUrl, p.body, p.key)));
+      finals.forEach((response, i) => {
+        expect(response.status).toBe(201);
+        expect(response.body).toMatchObject(plan[i]!.body);
+        const early = beforeCrash[i];
+        // An answer the client did see before the crash is the one it gets again.
+        if (early?.status === 201) {
+          expect(response.text).toBe(early.text);
+          expect(response.headers.get('idempotency-replayed')).toBe('true');
+        }
+      });
+      const loans = await listLoans(restarted.baseUrl);
+      expect(loans).toHaveLength(40);
+      expect(new Set(finals.map((r) => r.body.id))).toEqual(new Set(loans.map((l) => l.id)));
+    } finally {
+      expect(await restarted.stop()).toBe(0);
+    }
+  });
+});
+
+describe('loan desk on SQLite', () => {
+  it('IDEMPOTENCY_TTL=2s: after 3 s the same key is a new operation', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '2s' } });
+    try {
+      const k = key('OD');
+      const body = intent();
+      const first = await postLoan(desk.baseUrl, body, { key: k });
+      const replay = await postLoan(desk.baseUrl, body, { key: k });
+      expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      expect(replay.body.id).toBe(first.body.id);
+      await sleep(3000);
+      const later = await postLoan(desk.baseUrl, body, { key: k });
+      expect(later.status).toBe(201);
+      expect(later.headers.get('idempotency-replayed')).toBeNull();
+      expect(later.body.id).not.toBe(first.body.id);
+      expect(await listLoans(desk.baseUrl)).toHaveLength(2);
+    } finally {
+      await desk.stop();
+    }
+  });
+
+  it('restart on the same file keeps loans and keys and does not duplicate the catalog', async () => {
+    const desk = await startLoanDesk();
+    const k = key('OD');
+    const body = intent();
+    const first = await postLoan(desk.baseUrl, body, { key: k });
+    expect(await desk.stop()).toBe(0);
+    const again = await startLoanDesk({ env: { DATABASE_URL: desk.databaseUrl } });
+    try {
+      expect((await getJson(again.baseUrl, '/books')).body).toHaveLength(10);
+      const replay = await postLoan(again.baseUrl, body, { key: k });
+      expect(replay.text).toBe(first.text);
+      expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      expect(await listLoans(again.baseUrl)).toHaveLength(1);
+    } finally {
+      await again.stop();
+    }
+  });
+
+  it('expired keys are purged by the timer', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '1s', PURGE_INTERVAL: '250ms' } });
+    const keyRows = () => {
+      const db = new Database(desk.databaseUrl, { readonly: true });
+      try {
+        return db.prepare('SELECT count(*) FROM idempotency_keys').pluck().get() as number;
+      } finally {
+        db.close();
+      }
+    };
+    try {
+      for (let i = 0; i < 3; i++)
+        expect((await postLoan(desk.baseUrl, intent(), { key: key() })).status).toBe(201);
+      expect(keyRows()).toBe(3);
+      await sleep(2000);
+      expect(keyRows()).toBe(0);
+      expect(await listLoans(desk.baseUrl)).toHaveLength(3);
+    } finally {
+      await desk.stop();
+    }
+  });
+
+  it('the purge command deletes expired keys on demand', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '1s', PURGE_INTERVAL: '1h' } });
+    for (let i = 0; i < 3; i++) await postLoan(desk.baseUrl, intent(), { key: key() });
+    await desk.stop();
+    await sleep(1200);
+    const env = { ...process.env, DATABASE_URL: desk.databaseUrl };
+    const purge = () => run(process.execPath, ['examples/library-loans/purge.js'], { cwd: ROOT, env });
+    expect((await purge()).stdout).toMatch(/^purged 3 expired keys \(SQLite /);
+    expect((await purge()).stdout).toMatch(/^purged 0 expired keys/);
+  });
+
+  it('IDEMPOTENCY_REQUIRED=true: a POST without a key is 400 and lends nothing', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_REQUIRED: 'true' } });
+    try {
+      const missing = await postLoan(desk.baseUrl, intent());
+      expect(missing.status).toBe(400);
+      expect(missing.body.error).toBe('idempotency_key_missing');
+      expect(await listLoans(desk.baseUrl)).toHaveLength(0);
+      expect((await postLoan(desk.baseUrl, intent(), { key: key() })).status).toBe(201);
+    } finally {
+      await desk.stop();
+    }
+  });
+
+  it('a key store that cannot be reached answers 503 JSON, never hangs, and lends nothing', async () => {
+    const deadPort = await new Promise<number>((resolve) => {
+      const server = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port } = server.address() as net.AddressInfo;
+        server.close(() => resolve(port));
+      });
+    });
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: `redis://127.0.0.1:${deadPort}` } });
+    try {
+      const refused = await postLoan(desk.baseUrl, intent(), { key: key() });
+      expect(refused.status).toBe(503);
+      expect(refused.body.error).toBe('store_unavailable');
+      expect(await listLoans(desk.baseUrl)).toHaveLength(0);
+      // Requests that need no key store are unaffected.
+      expect((await postLoan(desk.baseUrl, intent())).status).toBe(201);
+    } finally {
+      await desk.stop();
+    }
+  });
+
+  it('a setting that cannot work stops the start with the variable named', async () => {
+    await expect(
+      startLoanDesk({ env: { IDEMPOTENCY_STORE: 'memory', IDEMPOTENCY_MODE: 'atomic' } }),
+    ).rejects.toThrow(/IDEMPOTENCY_MODE="atomic" is invalid/);
+    await expect(startLoanDesk({ env: { IDEMPOTENCY_TTL: 'forever' } })).rejects.toThrow(/IDEMPOTENCY_TTL/);
+  });
+});
+
+describe.skipIf(!hasRedis)('loan desk with keys in Redis (lease mode), loans in SQLite', () => {
+  const prefix = `${uniqueName('rs_loan_desk')}:`;
+  afterAll(async () => {
+    const redis = new Redis(REDIS_URL);
+    const keys = await redis.keys(`${prefix}*`);
+    if (keys.length > 0) await redis.del(...keys);
+    await redis.quit();
+  });
+
+  it('replays, rejects a reused key, and makes one loan of 20 concurrent requests', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: `${REDIS_URL}?prefix=${prefix}` } });
+    try {
+      const k = key('OD');
+      const body = intent();
+      const responses = await Promise.all(
+        Array.from({ length: 20 }, () => postLoan(desk.baseUrl, body, { key: k })),
+      );
+      expect(new Set(responses.map((r) => `${r.status} ${r.text}`)).size).toBe(1);
+      expect(responses[0]!.status).toBe(201);
+      expect((await postLoan(desk.baseUrl, intent(), { key: k })).status).toBe(409);
+      expect(await listLoans(desk.baseUrl)).toHaveLength(1);
+    } finally {
+      await desk.stop();
+    }
+  });
+});
