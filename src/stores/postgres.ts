@@ -349,7 +349,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
     },
 
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
-      requirePositiveInteger('postgresStore', 'batchSize', batchSize);
+      requirePositiveInteger('postgresStore.purgeExpired', 'batchSize', batchSize);
       let total = 0;
       for (;;) {
         const { rowCount } = await pool.query({ ...PURGE, values: [batchSize] });
@@ -371,11 +371,10 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       };
       client.on('error', onError);
       try {
-        await client.query('BEGIN');
         // A duplicate blocks on the primary key until the first transaction ends; bound that.
-        await client.query(`SELECT set_config('lock_timeout', $1, true)`, [
-          String(Math.min(input.leaseMs, statementTimeoutMs)),
-        ]);
+        // One round trip: a simple query may hold several statements.
+        const lockTimeoutMs = Math.max(1, Math.ceil(Math.min(input.leaseMs, statementTimeoutMs)));
+        await client.query(`BEGIN; SET LOCAL lock_timeout = ${lockTimeoutMs}`);
         let claimed: ClaimResult;
         try {
           claimed = await claimOn(client, input);

@@ -1,6 +1,6 @@
 import { Redis } from 'ioredis';
 import type { ClaimResult, IdempotencyStore, StoredResponse } from '../core/types.js';
-import { newToken, recordId, requirePositiveInteger, Waiters } from './internal.js';
+import { DEFAULT_PURGE_BATCH_SIZE, newToken, recordId, requirePositiveInteger, Waiters } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
 
 export interface RedisStoreOptions {
@@ -246,7 +246,8 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
       });
     },
 
-    async purgeExpired() {
+    async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
+      requirePositiveInteger('redisStore.purgeExpired', 'batchSize', batchSize);
       return 0;
     },
 
