@@ -121,6 +121,56 @@ describe.each(databases)('loan desk on $name, atomic mode', ({ skip, url }) => {
   });
 });
 
+describe.skipIf(!hasPostgres)('loan desk on PostgreSQL: two instances of WORKERS=2 on one database', () => {
+  it('200 requests over 20 keys sprayed over both make 20 loans, one answer per key', async () => {
+    const env = { DATABASE_URL: pgDatabaseUrl() };
+    const [a, b] = await Promise.all([
+      startLoanDesk({ workers: 2, env }),
+      startLoanDesk({ workers: 2, env }),
+    ]);
+    try {
+      const plan = Array.from({ length: 20 }, () => ({ key: key('OD'), body: intent() }));
+      const sent = Array.from({ length: 200 }, (_, i) => {
+        const { key: k, body } = plan[i % 20]!;
+        return postLoan((i % 2 === 0 ? a : b).baseUrl, body, { key: k }).then((r) => ({ k, r }));
+      });
+      const answers = new Map<string, Set<string>>();
+      for (const { k, r } of await Promise.all(sent)) {
+        expect(r.status).toBe(201);
+        answers.set(k, (answers.get(k) ?? new Set()).add(r.text));
+      }
+      expect([...answers.values()].map((texts) => texts.size)).toEqual(Array(20).fill(1));
+      expect(await listLoans(a.baseUrl)).toHaveLength(20);
+    } finally {
+      await Promise.all([a.stop(), b.stop()]);
+    }
+  });
+
+  it('kill -9 of one instance mid-flight; the retries through the other make one loan per intent', async () => {
+    const env = { DATABASE_URL: pgDatabaseUrl() };
+    const [a, b] = await Promise.all([
+      startLoanDesk({ workers: 2, env }),
+      startLoanDesk({ workers: 2, env }),
+    ]);
+    try {
+      const plan = Array.from({ length: 40 }, () => ({ key: key('crash'), body: intent() }));
+      const inFlight = plan.map((p) => postLoan(a.baseUrl, p.body, { key: p.key }).catch(() => undefined));
+      await Promise.race(inFlight);
+      await a.kill9();
+      await Promise.all(inFlight);
+      const finals = await Promise.all(plan.map((p) => resendUntilFinal(b.baseUrl, p.body, p.key)));
+      finals.forEach((response, i) => {
+        expect(response.status).toBe(201);
+        expect(response.body).toMatchObject(plan[i]!.body);
+      });
+      expect(await listLoans(b.baseUrl)).toHaveLength(40);
+    } finally {
+      await a.kill9();
+      await b.stop();
+    }
+  });
+});
+
 describe('loan desk on SQLite', () => {
   it('IDEMPOTENCY_TTL=2s: after 3 s the same key is a new operation', async () => {
     const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '2s' } });

@@ -288,6 +288,12 @@ describe.each(setups)('loan desk on $name', (setup) => {
         400,
         { error: 'validation', field: 'issuedAt' },
       ],
+      [
+        'issuedAt not on the calendar',
+        JSON.stringify(intent({ issuedAt: '2026-02-31' })),
+        400,
+        { error: 'validation', field: 'issuedAt' },
+      ],
     ];
     for (const [label, body, status, error] of cases) {
       for (const k of [undefined, key()]) {

@@ -6,6 +6,10 @@ import { openDatabase, openKeyStore } from './database.js';
 const JSON_TYPE = 'application/json; charset=utf-8';
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
 
+// Date.parse accepts 2026-02-31 (as March 3rd); a real calendar date survives the round trip.
+const isCalendarDate = (text) =>
+  DATE.test(text) && !Number.isNaN(Date.parse(text)) && new Date(text).toISOString().startsWith(text);
+
 function send(res, status, payload, headers = {}) {
   res.writeHead(status, { 'content-type': JSON_TYPE, ...headers });
   res.end(JSON.stringify(payload));
@@ -44,11 +48,13 @@ function parseLoan(body) {
   for (const field of ['member', 'isbn']) {
     const text = value[field];
     if (typeof text !== 'string' || text.length === 0 || text.length > 64) {
-      return { problem: { error: 'validation', field, message: `${field} must be a non-empty string.` } };
+      return {
+        problem: { error: 'validation', field, message: `${field} must be a string of 1 to 64 characters.` },
+      };
     }
   }
   const { issuedAt } = value;
-  if (typeof issuedAt !== 'string' || !DATE.test(issuedAt) || Number.isNaN(Date.parse(issuedAt))) {
+  if (typeof issuedAt !== 'string' || !isCalendarDate(issuedAt)) {
     return {
       problem: {
         error: 'validation',
