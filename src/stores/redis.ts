@@ -142,10 +142,11 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
     new Redis(options.url!, {
       commandTimeout: commandTimeoutMs,
       connectTimeout: connectTimeoutMs,
-      // While Redis is down a command fails at once. A queued one would instead run whenever the
-      // connection came back, long after its caller gave up: a claim nobody owns.
+      // While Redis is down a command fails at once, and one in flight when the connection drops
+      // fails then. Queued or resent, it would run whenever the connection came back, long after
+      // its caller gave up: a claim nobody owns.
       enableOfflineQueue: false,
-      maxRetriesPerRequest: 1,
+      maxRetriesPerRequest: 0,
       retryStrategy: (attempt) => Math.min(attempt * 50, MAX_RECONNECT_DELAY_MS),
     });
   // ioredis reports connection errors as events and reconnects by itself.
