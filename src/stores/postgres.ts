@@ -148,7 +148,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
   // One name per table so two stores on one pool never share a prepared statement of another text.
   const tag = createHash('sha1').update(qualified).digest('hex').slice(0, 12);
   const channel = `retrysafe_${tag}`;
-  const recordId = (scope: string, key: string) =>
+  const notifyId = (scope: string, key: string) =>
     createHash('sha1').update(scope).update('\0').update(key).digest('base64');
 
   // A row takes a new claim when its retention has passed (a new operation), or when it is in
@@ -249,7 +249,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       JSON.stringify(response.headers),
       toBuffer(response.body),
       channel,
-      recordId(scope, key),
+      notifyId(scope, key),
     ];
   }
 
@@ -335,14 +335,14 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
     async release(scope, key, token) {
       const { rowCount } = await pool.query({
         ...RELEASE,
-        values: [scope, key, token, channel, recordId(scope, key)],
+        values: [scope, key, token, channel, notifyId(scope, key)],
       });
       return rowCount === 1;
     },
 
     async wait(scope, key, timeoutMs) {
       listen();
-      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
+      await pollUntilSettled(waiters, notifyId(scope, key), timeoutMs, async () => {
         const { rows } = await pool.query<{ lease_left_ms: string }>({ ...LEASE_LEFT, values: [scope, key] });
         return rows[0] ? Number(rows[0].lease_left_ms) : null;
       });
