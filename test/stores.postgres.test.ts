@@ -87,6 +87,19 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     }
   });
 
+  it('works on a pool the caller owns and leaves it open', async () => {
+    const pool = new pg.Pool({ connectionString: PG_URL, max: 2 });
+    const own = postgresStore({ pool, schema });
+    try {
+      expect(own.pool).toBe(pool);
+      expect((await own.claim(input('own-pool'))).outcome).toBe('acquired');
+      await own.close();
+      expect((await pool.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
+    } finally {
+      await pool.end();
+    }
+  });
+
   it('stores times from the database clock in milliseconds', async () => {
     const claimed = await store.claim(input('clock'));
     expect(claimed.outcome).toBe('acquired');
@@ -173,6 +186,33 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       expect(b.outcome === 'replay' && new TextDecoder().decode(b.response.body)).toBe('first');
       expect(secondRan).toBe(false);
       expect(await effects('a2')).toBe(1);
+    });
+
+    it('a duplicate blocked longer than its lease answers in_progress without running', async () => {
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => {
+        release = resolve;
+      });
+      let entered!: () => void;
+      const inside = new Promise<void>((resolve) => {
+        entered = resolve;
+      });
+      const first = store.atomic(input('a5'), async () => {
+        entered();
+        await gate;
+        return { response: response('first'), commit: true };
+      });
+      await inside;
+      let secondRan = false;
+      const second = await store.atomic({ ...input('a5'), leaseMs: 200 }, async () => {
+        secondRan = true;
+        return { response: response('second'), commit: true };
+      });
+      release();
+      expect(second.outcome).toBe('in_progress');
+      expect(second.outcome === 'in_progress' && second.retryAfterMs).toBeGreaterThan(0);
+      expect(secondRan).toBe(false);
+      expect((await first).outcome).toBe('executed');
     });
 
     it('a duplicate proceeds when the first rolls back; commit:false and throws leave nothing', async () => {
