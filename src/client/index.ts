@@ -4,6 +4,8 @@
  * `crypto.randomUUID()` exist (Node 20+, browsers, Deno, Bun, workers).
  */
 
+import { RetrysafeError } from '../core/errors.js';
+
 /** What one attempt ended with. */
 export type AttemptOutcome = { kind: 'response'; status: number } | { kind: 'error'; error: unknown };
 
@@ -74,7 +76,7 @@ export type RetryingRequestInit = RequestInit & { idempotencyKey?: string | fals
 export type RetryingFetch = (input: RequestInfo | URL, init?: RetryingRequestInit) => Promise<Response>;
 
 /** Thrown when a call used up `maxAttempts` or `deadlineMs` while every attempt was retryable. */
-export class RetryBudgetExceededError extends Error {
+export class RetryBudgetExceededError extends RetrysafeError {
   override readonly name = 'RetryBudgetExceededError';
   readonly reason: 'attempts' | 'deadline';
   readonly attempts: number;
@@ -107,13 +109,14 @@ export function isRetryBudgetExceededError(error: unknown): error is RetryBudget
 
 const RETRYABLE_STATUSES = new Set([408, 429, 502, 503, 504]);
 const IN_PROGRESS_CODES = new Set(['request_in_progress']);
-// retrysafe's own mismatch code and the seed loan desk's: a retry of a misused key never helps.
+// retrysafe answers `key_conflict` (the seed's code); `key_mismatch` is the other common name.
+// A retry of a key reused for another request never helps.
 const MISMATCH_CODES = new Set(['key_mismatch', 'key_conflict']);
 
 /**
  * Whether a response means "try the same intent again": 408, 429, 502, 503, 504, and a 409 that
  * says the key is still in progress (a `Retry-After` header or `error: "request_in_progress"`)
- * rather than reused for another request (`error: "key_mismatch"`). Reads a 409's body from a clone.
+ * rather than reused for another request (`error: "key_conflict"`). Reads a 409's body from a clone.
  * @example
  * if (await isRetryableResponse(response)) scheduleRetry();
  */
