@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/types.js';
@@ -120,23 +121,26 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     expect(replay.outcome === 'replay' && [...replay.response.body]).toEqual([...body]);
   });
 
-  it('wakes a waiter through LISTEN/NOTIFY', async () => {
+  it('wakes a waiter through LISTEN/NOTIFY on one listening connection', async () => {
     const claimed = await store.claim(input('notify'));
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
     let settled = false;
     const waiting = store.wait('s', 'notify', 20_000).then(() => {
       settled = true;
     });
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    const channel = `retrysafe_${createHash('sha1').update(`"${schema}"."idempotency_keys"`).digest('hex').slice(0, 12)}`;
+    const listeners = async () =>
+      (
+        await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = $1', [
+          `LISTEN "${channel}"`,
+        ])
+      ).rows[0].n;
+    for (let attempt = 0; attempt < 50 && (await listeners()) === 0; attempt++) await sleep(100);
+    expect(await listeners()).toBe(1);
     expect(settled).toBe(false);
     await store.complete('s', 'notify', claimed.token, response('done'));
     await waiting;
     expect(settled).toBe(true);
-    const channel = `retrysafe_${createHash('sha1').update(`"${schema}"."idempotency_keys"`).digest('hex').slice(0, 12)}`;
-    const { rows } = await admin.query('SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = $1', [
-      `LISTEN "${channel}"`,
-    ]);
-    expect(rows[0].n).toBe(1);
   });
 
   describe('atomic mode', () => {

@@ -140,7 +140,9 @@ describe.skipIf(!hasRedis)('redis restart (own redis-server, no persistence)', (
       const keys = await admin.keys('*');
       expect(keys.length).toBeGreaterThan(0);
       for (const key of keys) expect(key.startsWith(prefix)).toBe(true);
-      expect(await admin.pubsub('NUMSUB', `${prefix}settled`)).toEqual([`${prefix}settled`, 1]);
+      const subscribers = async () => (await admin.pubsub('NUMSUB', `${prefix}settled`))[1];
+      for (let attempt = 0; attempt < 50 && (await subscribers()) === 0; attempt++) await sleep(100);
+      expect(await subscribers()).toBe(1);
     } finally {
       admin.disconnect();
     }
