@@ -110,15 +110,15 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, required }) {
 
     if (pathname === '/loans') {
       if (req.method === 'POST') return createLoan(req, res);
-      return reading ? read(res, () => database.listLoans()) : allow('GET, POST');
+      return reading ? read(res, () => database.listLoans()) : allow('GET, HEAD, POST');
     }
     const loanPath = /^\/loans\/([^/]+)$/.exec(pathname);
     if (loanPath) {
-      if (!reading) return allow('GET');
+      if (!reading) return allow('GET, HEAD');
       const id = /^[1-9]\d{0,8}$/.test(loanPath[1]) ? Number(loanPath[1]) : undefined;
       return read(res, () => (id === undefined ? undefined : database.getLoan(id)));
     }
-    if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET');
+    if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
     send(res, 404, { error: 'path_not_found' });
   };
 }
