@@ -266,6 +266,65 @@ describe('loan desk on SQLite', () => {
     expect((await purge()).stdout).toMatch(/^purged 0 expired keys/);
   });
 
+  /** Holds SQLite's write lock from another connection, as a long job in another process would. */
+  function lockDatabase(filename: string): () => void {
+    const locker = new Database(filename);
+    locker.exec('BEGIN IMMEDIATE');
+    return () => {
+      locker.exec('ROLLBACK');
+      locker.close();
+    };
+  }
+
+  it('atomic mode: a database that stays locked answers 503, lends nothing, and the retry works', async () => {
+    const desk = await startLoanDesk();
+    try {
+      const k = key('OD');
+      const body = intent();
+      const unlock = lockDatabase(desk.databaseUrl);
+      let failed: LoanResponse;
+      try {
+        failed = await postLoan(desk.baseUrl, body, { key: k });
+      } finally {
+        unlock();
+      }
+      expect(failed.status).toBe(503);
+      expect(failed.body.error).toBe('store_unavailable');
+      const retry = await postLoan(desk.baseUrl, body, { key: k });
+      expect(retry.status).toBe(201);
+      expect(retry.headers.get('idempotency-replayed')).toBeNull();
+      expect(await listLoans(desk.baseUrl)).toHaveLength(1);
+    } finally {
+      await desk.stop();
+    }
+  });
+
+  it('lease mode: when the handler fails the key is released and the retry runs again', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: 'memory' } });
+    try {
+      const k = key('OD');
+      const body = intent();
+      const unlock = lockDatabase(desk.databaseUrl);
+      let failed: LoanResponse;
+      try {
+        failed = await postLoan(desk.baseUrl, body, { key: k });
+      } finally {
+        unlock();
+      }
+      expect(failed.status).toBe(500);
+      expect(failed.body.error).toBe('internal_error');
+      const retry = await postLoan(desk.baseUrl, body, { key: k });
+      expect(retry.status).toBe(201);
+      expect(retry.headers.get('idempotency-replayed')).toBeNull();
+      expect((await postLoan(desk.baseUrl, body, { key: k })).headers.get('idempotency-replayed')).toBe(
+        'true',
+      );
+      expect(await listLoans(desk.baseUrl)).toHaveLength(1);
+    } finally {
+      await desk.stop();
+    }
+  });
+
   it('IDEMPOTENCY_REQUIRED=true: a POST without a key is 400 and lends nothing', async () => {
     const desk = await startLoanDesk({ env: { IDEMPOTENCY_REQUIRED: 'true' } });
     try {
