@@ -33,6 +33,12 @@ export function send(res: ServerResponse, response: StoredResponse, close = fals
   res.end(response.body);
 }
 
+/** Puts back the headers `res` had before the handler ran, dropping every one the handler set. */
+export function resetHeaders(res: ServerResponse, before: OutgoingHttpHeaders): void {
+  for (const name of res.getHeaderNames()) res.removeHeader(name);
+  for (const [name, value] of Object.entries(before)) if (value !== undefined) res.setHeader(name, value);
+}
+
 export function internalError(res: ServerResponse, error: unknown): void {
   console.error('retrysafe: handler failed', error);
   if (res.headersSent) {
@@ -72,11 +78,13 @@ export function capture(
         ? Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8')
         : Buffer.from(chunk as Uint8Array);
 
+  const writeThrough = (chunk: Buffer) => (original.write as (chunk: Buffer) => boolean).call(res, chunk);
+  // write and end stay intercepted while streaming, so the end of the stream still settles the
+  // capture (and the engine releases the key).
   const startStreaming = () => {
     streaming = true;
-    restore();
-    res.writeHead(res.statusCode);
-    for (const chunk of chunks) res.write(chunk);
+    (original.writeHead as (status: number) => ServerResponse).call(res, res.statusCode);
+    for (const chunk of chunks) writeThrough(chunk);
     chunks.length = 0;
   };
 
@@ -89,7 +97,7 @@ export function capture(
     if (size > engine.maxResponseBytes) {
       if (engine.mode === 'lease') {
         startStreaming();
-        res.write(buffer);
+        writeThrough(buffer);
         return;
       }
       // Atomic mode never streams before the commit; the engine rolls back and answers 500.
@@ -130,14 +138,17 @@ export function capture(
       if (typeof done === 'function') queueMicrotask(() => (done as () => void)());
       return true;
     }) as typeof res.write;
-    res.end = ((chunk?: unknown, encoding?: unknown) => {
+    res.end = ((chunk?: unknown, encoding?: unknown, callback?: unknown) => {
+      const wasStreaming = streaming;
+      if (!wasStreaming) keep(chunk, encoding);
+      restore();
       if (streaming) {
-        original.end.call(res, chunk as never, encoding as never);
+        // When this last chunk is what overflowed, keep() already sent it.
+        if (wasStreaming) original.end.call(res, chunk as never, encoding as never, callback as never);
+        else (original.end as () => ServerResponse).call(res);
         resolve({ status: res.statusCode, headers: headers(), body: Buffer.alloc(0), complete: false });
         return res;
       }
-      keep(chunk, encoding);
-      restore();
       const complete = !overflow;
       resolve({
         status: res.statusCode,

@@ -1,6 +1,6 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { createIdempotency, type IdempotencyContext, type IdempotencyOptions } from '../core/index.js';
-import { BODY_TOO_LARGE, capture, internalError, readBody, send } from './node-http.js';
+import { BODY_TOO_LARGE, capture, internalError, readBody, resetHeaders, send } from './node-http.js';
 
 /** The request a wrapped handler sees: the body is already read, as bytes. */
 export type BodyRequest = IncomingMessage & { body: Buffer };
@@ -39,6 +39,7 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
         return;
       }
       const request = Object.assign(req, { body }) as BodyRequest;
+      let before: OutgoingHttpHeaders | undefined;
       try {
         const outcome = await engine.handle(
           {
@@ -49,7 +50,10 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
             readBody: async () => body,
             raw: req,
           },
-          (ctx) => capture(engine, res, () => handler(request, res, ctx)),
+          (ctx) => {
+            before = res.getHeaders();
+            return capture(engine, res, () => handler(request, res, ctx));
+          },
         );
         switch (outcome.kind) {
           case 'pass':
@@ -62,9 +66,12 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
           case 'replayed':
             return send(res, outcome.response);
           case 'rejected':
+            // Atomic mode could not commit what the handler answered: none of it may reach the client.
+            if (before) resetHeaders(res, before);
             return send(res, engine.render(outcome.error));
         }
       } catch (error) {
+        if (before && !res.headersSent) resetHeaders(res, before);
         internalError(res, error);
       }
     };

@@ -1,0 +1,124 @@
+import type { OutgoingHttpHeaders } from 'node:http';
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+import {
+  ConfigError,
+  createIdempotency,
+  ErrorCode,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+} from '../core/index.js';
+import { BODY_TOO_LARGE, capture, readBody, resetHeaders, send } from './node-http.js';
+
+declare global {
+  namespace Express {
+    interface Request {
+      /** Set by `retrysafe/express` on requests guarded by an Idempotency-Key; `undefined` otherwise. */
+      idempotency?: IdempotencyContext;
+    }
+  }
+}
+
+export interface ExpressIdempotencyOptions extends IdempotencyOptions<Request> {
+  /**
+   * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in
+   * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering),
+   * so a default Express app never turns them into its HTML error page.
+   * `false`: they go down Express's error path with `next(err)`; `err` is an `IdempotencyError`
+   * with `status`/`statusCode`, `code`, `headers` (e.g. `retry-after`) and `key`.
+   * @default true
+   */
+  renderErrors?: boolean;
+}
+
+/**
+ * Express 4 and 5 middleware guarding POST/PATCH routes with Idempotency-Key. Mount it per app,
+ * router or route, after your body parser: the fingerprint uses `req.body` as the parser left it.
+ * When no parser ran, the middleware reads the raw body itself (413 past `maxBodyBytes`) and
+ * leaves it in `req.body` as a Buffer. The guarded handler finds `req.idempotency`; its response
+ * (`res.json`, `res.send`, `res.write`…) is captured, saved and replayed to retries byte for byte.
+ * A response larger than `maxResponseBytes` is streamed through in lease mode, not saved, and
+ * the key released. An error the handler throws reaches your error middleware as usual; what
+ * that answers is what is saved, so the default 500 releases the key and the retry runs again.
+ * @example
+ * app.post('/orders', express.json(), idempotency({ store, required: true }), (req, res) => {
+ *   res.status(201).location(`/orders/${id}`).json({ id, key: req.idempotency?.key });
+ * });
+ */
+export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): RequestHandler {
+  const { renderErrors = true, ...engineOptions } = options ?? ({} as ExpressIdempotencyOptions);
+  if (typeof renderErrors !== 'boolean') {
+    throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
+  }
+  const engine = createIdempotency<Request, Tx>(engineOptions);
+
+  async function guard(req: Request, res: Response, next: NextFunction): Promise<void> {
+    let before: OutgoingHttpHeaders | undefined;
+    const outcome = await engine.handle(
+      {
+        method: req.method,
+        path: req.originalUrl,
+        keyHeader: req.headersDistinct['idempotency-key'],
+        contentType: req.headers['content-type'],
+        readBody: () => bodyOf(req, engine),
+        raw: req,
+      },
+      (ctx) => {
+        req.idempotency = ctx as IdempotencyContext;
+        before = res.getHeaders();
+        return capture(engine, res, () => next());
+      },
+    );
+    switch (outcome.kind) {
+      case 'pass':
+        return next();
+      case 'executed':
+        // The captured headers are still set on `res`; only status and body were held back.
+        if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
+        return;
+      case 'replayed':
+        return send(res, outcome.response);
+      case 'rejected':
+        // Atomic mode could not commit what the handler answered: none of it may reach the client.
+        if (before) resetHeaders(res, before);
+        if (!renderErrors) return next(outcome.error);
+        // An unread oversized body is still on the socket: close it rather than parse it.
+        return send(res, engine.render(outcome.error), outcome.error.code === ErrorCode.bodyTooLarge);
+    }
+  }
+
+  return function idempotencyMiddleware(req, res, next) {
+    // Express 4 ignores a rejected promise, so every failure is routed here: the client left
+    // mid-body (nobody to answer) or the user's `scope` threw (their error path decides).
+    guard(req, res, next).catch((error: unknown) => {
+      if (req.destroyed || res.headersSent) res.destroy();
+      else next(error);
+    });
+  };
+}
+
+async function bodyOf(req: Request, engine: Idempotency<Request, unknown>): Promise<Uint8Array> {
+  // A body parser mounted earlier consumed the stream (Express 5 leaves it ended, body-parser 1
+  // sets `_body`): fingerprint what it parsed. JSON is canonicalised, so re-serialising is exact.
+  if (req.readableEnded || (req as { _body?: boolean })._body) {
+    const bytes = parsedBytes(req.body);
+    if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
+    return bytes;
+  }
+  let body: Buffer;
+  try {
+    body = await readBody(req, engine.maxBodyBytes);
+  } catch (error) {
+    throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
+  }
+  // Parsers mounted later then skip the consumed stream instead of waiting on it.
+  Object.assign(req, { body, _body: true });
+  return body;
+}
+
+function parsedBytes(body: unknown): Uint8Array {
+  if (body === undefined || body === null) return new Uint8Array(0);
+  if (body instanceof Uint8Array) return body;
+  if (typeof body === 'string') return Buffer.from(body, 'utf8');
+  return Buffer.from(JSON.stringify(body), 'utf8');
+}

@@ -1,0 +1,187 @@
+import type { Context, MiddlewareHandler } from 'hono';
+import { HTTPException } from 'hono/http-exception';
+import type { ContentfulStatusCode } from 'hono/utils/http-status';
+import {
+  type CapturedResponse,
+  createIdempotency,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '../core/index.js';
+
+export type HonoIdempotencyOptions = IdempotencyOptions<Context>;
+
+/** The context variables the middleware sets: `c.get('idempotency')`. */
+export interface IdempotencyVariables {
+  /** Set on requests guarded by an Idempotency-Key; `undefined` otherwise. */
+  idempotency: IdempotencyContext | undefined;
+}
+
+/**
+ * Hono 4 middleware guarding POST/PATCH routes with Idempotency-Key, on @hono/node-server or any
+ * Web-standard runtime. Mount it per path for per-route options. The guarded handler finds
+ * `c.get('idempotency')`; the Response it returns is captured, saved, and replayed to retries
+ * byte for byte. A body larger than `maxResponseBytes` is streamed through in lease mode, not
+ * saved, and the key released. An error the handler throws releases the key and is answered by
+ * `app.onError` as usual. Engine errors (400, 409/422, 413, 503) are thrown as an
+ * `HTTPException` carrying the JSON response (or `onError`'s rendering): Hono's default error
+ * handler sends it as is, a custom `app.onError` gets it back with `err.getResponse()` and finds
+ * the `IdempotencyError` in `err.cause`. The request body is read with `c.req.arrayBuffer()`, so
+ * handlers can still call `c.req.json()`; a body without Content-Length is measured after reading
+ * (add `hono/body-limit` in front to cap chunked uploads while they stream).
+ * @example
+ * app.use('/orders', idempotency({ store, required: true }));
+ * app.post('/orders', (c) => c.json({ id, key: c.get('idempotency')?.key }, 201, { location: `/orders/${id}` }));
+ */
+export function idempotency<Tx = unknown>(
+  options: HonoIdempotencyOptions,
+): MiddlewareHandler<{ Variables: IdempotencyVariables }> {
+  const engine = createIdempotency<Context, Tx>(options);
+
+  return async function idempotency(c, next) {
+    let sent: Response | undefined;
+    let outcome: Awaited<ReturnType<typeof engine.handle>>;
+    try {
+      outcome = await engine.handle(
+        {
+          method: c.req.method,
+          path: pathAndQuery(c.req.url),
+          keyHeader: c.req.raw.headers.get('idempotency-key') ?? undefined,
+          contentType: c.req.header('content-type'),
+          readBody: () => bodyOf(c, engine),
+          raw: c,
+        },
+        async (ctx) => {
+          c.set('idempotency', ctx as IdempotencyContext);
+          await next();
+          // Hono hands a handler's error to app.onError before we get back here; rethrowing it
+          // tells the engine to release the key.
+          if (c.error) throw c.error;
+          const captured = await capture(engine, c.res);
+          sent = captured.send;
+          return captured.response;
+        },
+      );
+    } catch (error) {
+      // app.onError already answered the handler's error; that answer stands.
+      if (error === c.error) return;
+      throw error;
+    }
+    switch (outcome.kind) {
+      case 'pass':
+        c.set('idempotency', undefined);
+        return next();
+      case 'executed':
+        c.res = sent;
+        return;
+      case 'replayed':
+        return toResponse(outcome.response);
+      case 'rejected': {
+        // After the handler ran (atomic mode could not commit), none of its headers may leak
+        // into the error response: Hono would merge them into it.
+        if (sent !== undefined) c.res = undefined;
+        const rendered = engine.render(outcome.error);
+        throw new HTTPException(rendered.status as ContentfulStatusCode, {
+          res: toResponse(rendered),
+          message: outcome.error.message,
+          cause: outcome.error,
+        });
+      }
+    }
+  };
+}
+
+function pathAndQuery(url: string): string {
+  const parsed = new URL(url);
+  return parsed.pathname + parsed.search;
+}
+
+async function bodyOf(c: Context, engine: Idempotency<Context, unknown>): Promise<Uint8Array> {
+  const declared = Number(c.req.header('content-length'));
+  if (declared > engine.maxBodyBytes) throw engine.bodyTooLarge();
+  const body = new Uint8Array(await c.req.arrayBuffer());
+  if (body.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
+  return body;
+}
+
+// These statuses forbid a body; the Response constructor throws on an empty one.
+const NULL_BODY = new Set([101, 103, 204, 205, 304]);
+
+function toResponse(stored: StoredResponse): Response {
+  return new Response(NULL_BODY.has(stored.status) ? null : (stored.body as Uint8Array<ArrayBuffer>), {
+    status: stored.status,
+    headers: stored.headers,
+  });
+}
+
+/**
+ * Reads the handler's Response up to `maxResponseBytes` and gives back the response to send in
+ * its place (its body was consumed). Past the limit, lease mode sends what was read followed by
+ * the rest of the stream, and atomic mode cancels it (the engine rolls back and answers 500).
+ */
+async function capture(
+  engine: Idempotency<Context, unknown>,
+  res: Response,
+): Promise<{ response: CapturedResponse; send: Response }> {
+  const headers: Record<string, string> = {};
+  res.headers.forEach((value, name) => {
+    headers[name] = value;
+  });
+  const init = { status: res.status, statusText: res.statusText, headers: res.headers };
+  const response = (body: Uint8Array, complete: boolean): CapturedResponse => ({
+    status: res.status,
+    headers,
+    body,
+    complete,
+  });
+  if (res.body === null)
+    return { response: response(new Uint8Array(0), true), send: new Response(null, init) };
+
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) {
+      const body = concat(chunks, size);
+      return {
+        response: response(body, true),
+        send: new Response(NULL_BODY.has(res.status) ? null : (body as Uint8Array<ArrayBuffer>), init),
+      };
+    }
+    chunks.push(value);
+    size += value.byteLength;
+    if (size > engine.maxResponseBytes) break;
+  }
+  if (engine.mode === 'atomic') {
+    await reader.cancel();
+    return { response: response(new Uint8Array(0), false), send: new Response(null, init) };
+  }
+  const rest = new ReadableStream<Uint8Array>({
+    start(controller) {
+      for (const chunk of chunks) controller.enqueue(chunk);
+      chunks.length = 0;
+    },
+    async pull(controller) {
+      const { done, value } = await reader.read();
+      if (done) controller.close();
+      else controller.enqueue(value);
+    },
+    cancel(reason) {
+      return reader.cancel(reason);
+    },
+  });
+  return { response: response(new Uint8Array(0), false), send: new Response(rest, init) };
+}
+
+function concat(chunks: Uint8Array[], size: number): Uint8Array {
+  if (chunks.length === 1) return chunks[0]!;
+  const body = new Uint8Array(size);
+  let offset = 0;
+  for (const chunk of chunks) {
+    body.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return body;
+}

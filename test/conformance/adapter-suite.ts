@@ -1,0 +1,769 @@
+import { randomUUID } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { Redis } from 'ioredis';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/engine.js';
+import { type IdempotencyStore, isAtomicStore } from '../../src/core/types.js';
+import { memoryStore } from '../../src/stores/memory.js';
+import { postgresStore } from '../../src/stores/postgres.js';
+import { redisStore } from '../../src/stores/redis.js';
+import { sqliteStore } from '../../src/stores/sqlite.js';
+import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support/services.js';
+
+/**
+ * The adapter conformance suite: one list of HTTP scenarios (every row of DESIGN.md §4, bad keys,
+ * large and streamed bodies, concurrent duplicates, handler errors, scopes, pass-through and the
+ * known failure modes of other middlewares), run over real HTTP against every adapter and store.
+ *
+ * Each adapter's test file supplies an {@link AdapterUnderTest}: an app written in that
+ * framework's own idiom, guarded app-wide by the options it is given, serving this catalog
+ * (`n` is the handler's call count for that method and path, from {@link countCall}):
+ *
+ * - `POST|PATCH /orders`: 201, JSON {@link orderJson} sent the framework's usual way, with headers
+ *   {@link orderHeaders} (location, etag, set-cookie, x-trace).
+ * - `GET|HEAD|PUT|DELETE /orders`: 200, JSON `{"n":n,"key":<ctx key or null>}`.
+ * - `POST /text`: 200 `text/plain; charset=utf-8` `made <n>`.
+ * - `POST /buffer?size=S`: 200 `application/octet-stream`, `pattern(n, S)` sent in one piece.
+ * - `POST /stream?size=S`: the same bytes, streamed in 1 KiB chunks with a macrotask between.
+ * - `POST /fail`: 500 JSON `{"error":"boom"}` on its first call, then as `/orders`.
+ * - `POST /slow?ms=M`: waits M ms, then as `/orders`.
+ * - every path of `throwPaths`: fails on its first call in one of the framework's error idioms
+ *   (sync throw, rejected promise, `next(err)`…), then as `/orders`.
+ *
+ * Keys are random per test, so one store serves a whole describe block. Timing: nothing asserts
+ * how long anything took; ordering is established by polling the handler's call count.
+ */
+export interface AdapterUnderTest {
+  name: string;
+  throwPaths: readonly string[];
+  start(options: AppOptions): Promise<RunningApp>;
+}
+
+/** The engine options, with `scope` replaced by a switch: scope = the Authorization header. */
+export type AppOptions = Omit<IdempotencyOptions, 'scope'> & { scopeByAuthorization?: boolean };
+
+export interface RunningApp {
+  /** `http://127.0.0.1:<port>` */
+  url: string;
+  /** Handler calls by `"<METHOD> <path>"`, path without query. */
+  calls: Record<string, number>;
+  close(): Promise<void>;
+}
+
+export interface StoreFactory {
+  name: string;
+  /** The store implements `atomic`: the atomic-mode scenarios run too. */
+  atomic?: boolean;
+  /** `false` when the store's database is unreachable here: the block is skipped, loudly (services.ts). */
+  available?: boolean;
+  open(): Promise<{ store: IdempotencyStore; cleanup?: () => Promise<void> }>;
+}
+
+export function countCall(calls: Record<string, number>, method: string, path: string): number {
+  const name = `${method.toUpperCase()} ${path}`;
+  calls[name] = (calls[name] ?? 0) + 1;
+  return calls[name];
+}
+
+/** Bytes that differ per call and are not valid UTF-8, so a replay must be byte-exact. */
+export function pattern(n: number, size: number): Buffer {
+  const bytes = Buffer.alloc(size);
+  for (let i = 0; i < size; i++) bytes[i] = (i * 7 + n * 31 + 0x80) & 0xff;
+  return bytes;
+}
+
+export function orderHeaders(n: number): Record<string, string> {
+  return { location: `/orders/${n}`, etag: `"${n}"`, 'set-cookie': `sid=${n}`, 'x-trace': String(n) };
+}
+
+export function orderJson(n: number, ctx: IdempotencyContext | undefined, received: unknown) {
+  return { n, key: ctx?.key ?? null, tx: ctx?.tx !== undefined, received: received ?? null };
+}
+
+/** A JSON body as the handler received it: a Buffer or string is parsed, anything else kept. */
+export function parsedJson(body: unknown): unknown {
+  if (body === undefined || body === null) return null;
+  const text =
+    typeof body === 'string' ? body : body instanceof Uint8Array ? Buffer.from(body).toString() : null;
+  if (text === null) return body;
+  if (text === '') return null;
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+export const STREAM_CHUNK_BYTES = 1024;
+
+/**
+ * What the catalog route answers, decided once for every framework; each harness sends it in its
+ * framework's idiom. Counts the call. `delayMs` is waited before answering; `fail` means the
+ * handler must fail in its path's idiom.
+ */
+export type Planned = { status: number; headers: Record<string, string>; delayMs?: number } & (
+  | { kind: 'json'; json: unknown }
+  | { kind: 'text'; text: string }
+  | { kind: 'bytes'; bytes: Buffer }
+  | { kind: 'stream'; chunks: Buffer[] }
+  | { kind: 'fail' }
+);
+
+export function plan(
+  calls: Record<string, number>,
+  method: string,
+  url: URL,
+  ctx: IdempotencyContext | undefined,
+  received: unknown,
+): Planned {
+  const path = url.pathname;
+  const n = countCall(calls, method, path);
+  const size = Number(url.searchParams.get('size') ?? 3000);
+  const order: Planned = {
+    kind: 'json',
+    status: 201,
+    headers: orderHeaders(n),
+    json: orderJson(n, ctx, parsedJson(received)),
+  };
+  if (path === '/orders') {
+    return method === 'POST' || method === 'PATCH'
+      ? order
+      : { kind: 'json', status: 200, headers: {}, json: { n, key: ctx?.key ?? null } };
+  }
+  const octets = { 'content-type': 'application/octet-stream' };
+  switch (path) {
+    case '/text':
+      return {
+        kind: 'text',
+        status: 200,
+        headers: { 'content-type': 'text/plain; charset=utf-8' },
+        text: `made ${n}`,
+      };
+    case '/buffer':
+      return { kind: 'bytes', status: 200, headers: octets, bytes: pattern(n, size) };
+    case '/stream': {
+      const bytes = pattern(n, size);
+      const chunks: Buffer[] = [];
+      for (let i = 0; i < size; i += STREAM_CHUNK_BYTES)
+        chunks.push(bytes.subarray(i, i + STREAM_CHUNK_BYTES));
+      return { kind: 'stream', status: 200, headers: octets, chunks };
+    }
+    case '/fail':
+      return n === 1 ? { kind: 'json', status: 500, headers: {}, json: { error: 'boom' } } : order;
+    case '/slow':
+      return { ...order, delayMs: Number(url.searchParams.get('ms') ?? 100) };
+    default:
+      return n === 1 ? { kind: 'fail', status: 500, headers: {} } : order;
+  }
+}
+
+/** Chunks with a macrotask between them, so a stream really arrives in pieces. */
+export async function* paced(chunks: readonly Buffer[]): AsyncGenerator<Buffer> {
+  for (const chunk of chunks) {
+    yield chunk;
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+}
+
+/** Listens on an ephemeral loopback port; `close` also drops keep-alive connections. */
+export async function listen(server: Server, calls: Record<string, number>): Promise<RunningApp> {
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    calls,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+interface Reply {
+  status: number;
+  headers: Headers;
+  body: Buffer;
+  json(): any;
+}
+
+interface SendOptions {
+  key?: string;
+  body?: unknown;
+  headers?: Record<string, string>;
+}
+
+async function send(
+  app: RunningApp,
+  method: string,
+  path: string,
+  options: SendOptions = {},
+): Promise<Reply> {
+  const headers: Record<string, string> = { ...options.headers };
+  if (options.key !== undefined) headers['idempotency-key'] = options.key;
+  let body: string | undefined;
+  if (options.body !== undefined) {
+    body = typeof options.body === 'string' ? options.body : JSON.stringify(options.body);
+    headers['content-type'] ??= 'application/json';
+  }
+  const res = await fetch(app.url + path, { method, headers, body, signal: AbortSignal.timeout(15_000) });
+  const bytes = Buffer.from(await res.arrayBuffer());
+  return { status: res.status, headers: res.headers, body: bytes, json: () => JSON.parse(bytes.toString()) };
+}
+
+/** An HTTP/1.1 request written byte for byte, for headers fetch refuses to send. */
+function rawPost(
+  app: RunningApp,
+  path: string,
+  headerLines: Buffer[],
+): Promise<{ status: number; text: string }> {
+  const { port } = new URL(app.url);
+  const body = Buffer.from('{"a":1}');
+  const request = Buffer.concat([
+    Buffer.from(`POST ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n`),
+    ...headerLines.flatMap((line) => [line, Buffer.from('\r\n')]),
+    Buffer.from(`Content-Length: ${body.length}\r\nConnection: close\r\n\r\n`),
+    body,
+  ]);
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(port), '127.0.0.1');
+    const chunks: Buffer[] = [];
+    socket.setTimeout(10_000, () => socket.destroy(new Error('raw request timed out')));
+    socket.on('data', (chunk) => chunks.push(chunk));
+    socket.on('error', reject);
+    socket.on('close', () => {
+      const text = Buffer.concat(chunks).toString('latin1');
+      resolve({ status: Number(text.split(' ')[1]), text });
+    });
+    socket.end(request);
+  });
+}
+
+async function until(condition: () => boolean, what: string): Promise<void> {
+  for (let i = 0; i < 1000; i++) {
+    if (condition()) return;
+    await sleep(10);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+const newKey = () => `k-${randomUUID()}`;
+
+function expectError(reply: Reply, status: number, code: string): void {
+  expect(reply.status).toBe(status);
+  expect(reply.headers.get('content-type')).toMatch(/^application\/json/);
+  expect(reply.json()).toMatchObject({ error: code });
+  expect(reply.headers.get('idempotency-replayed')).toBeNull();
+}
+
+function expectReplayOf(replay: Reply, original: Reply): void {
+  expect(replay.status).toBe(original.status);
+  expect(replay.headers.get('idempotency-replayed')).toBe('true');
+  expect(original.headers.get('idempotency-replayed')).toBeNull();
+  expect(replay.body.equals(original.body)).toBe(true);
+  for (const name of ['content-type', 'location', 'etag']) {
+    expect(replay.headers.get(name), name).toBe(original.headers.get(name));
+  }
+}
+
+/** Engine store-contract doubles: a store whose every call rejects, and one that never answers. */
+function brokenStore(kind: 'failing' | 'hanging'): IdempotencyStore {
+  const fail = () =>
+    kind === 'failing' ? Promise.reject(new Error('connection refused')) : new Promise<never>(() => {});
+  return {
+    name: kind,
+    claim: fail,
+    complete: fail,
+    release: fail,
+    wait: fail,
+    purgeExpired: fail,
+    close: async () => undefined,
+  };
+}
+
+const MALFORMED_KEYS: ReadonlyArray<[string, Buffer[]]> = [
+  ['empty', [Buffer.from('Idempotency-Key: ')]],
+  ['too long (256 characters)', [Buffer.from(`Idempotency-Key: ${'a'.repeat(256)}`)]],
+  ['a control character', [Buffer.from('Idempotency-Key: a\x01b', 'latin1')]],
+  ['DEL', [Buffer.from('Idempotency-Key: a\x7fb', 'latin1')]],
+  ['non-ASCII', [Buffer.from('Idempotency-Key: clé', 'utf8')]],
+  ['two headers', [Buffer.from('Idempotency-Key: a'), Buffer.from('Idempotency-Key: b')]],
+  ['a bad sf-string (unterminated)', [Buffer.from('Idempotency-Key: "abc')]],
+  ['a bad sf-string (bad escape)', [Buffer.from('Idempotency-Key: "a\\qb"')]],
+  ['a sf-string with parameters', [Buffer.from('Idempotency-Key: "abc";p=1')]],
+];
+
+export const memory: StoreFactory = { name: 'memory', open: async () => ({ store: memoryStore() }) };
+
+export const sqlite: StoreFactory = {
+  name: 'sqlite',
+  atomic: true,
+  async open() {
+    const dir = mkdtempSync(join(tmpdir(), 'retrysafe-adapter-'));
+    return {
+      store: sqliteStore({ filename: join(dir, 'keys.db') }),
+      cleanup: async () => rmSync(dir, { recursive: true, force: true }),
+    };
+  },
+};
+
+export const postgres: StoreFactory = {
+  name: 'postgres',
+  atomic: true,
+  available: hasPostgres,
+  async open() {
+    const schema = uniqueName('rs_adapter');
+    const store = postgresStore({ connectionString: PG_URL, schema });
+    await store.migrate();
+    return {
+      store,
+      async cleanup() {
+        const admin = new pg.Client({ connectionString: PG_URL });
+        await admin.connect();
+        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await admin.end();
+      },
+    };
+  },
+};
+
+export const redis: StoreFactory = {
+  name: 'redis',
+  available: hasRedis,
+  async open() {
+    const prefix = `${uniqueName('rs_adapter')}:`;
+    return {
+      store: redisStore({ url: REDIS_URL, prefix }),
+      async cleanup() {
+        const admin = new Redis(REDIS_URL);
+        for await (const keys of admin.scanStream({ match: `${prefix}*`, count: 500 })) {
+          if ((keys as string[]).length > 0) await admin.del(...(keys as string[]));
+        }
+        await admin.quit();
+      },
+    };
+  },
+};
+
+/** Runs every scenario against `adapter`, once per store. */
+export function describeAdapterConformance(adapter: AdapterUnderTest, stores: readonly StoreFactory[]): void {
+  for (const factory of stores) {
+    describe.skipIf(factory.available === false)(
+      `adapter conformance: ${adapter.name} + ${factory.name}`,
+      () => {
+        let store: IdempotencyStore;
+        let cleanup: (() => Promise<void>) | undefined;
+        beforeAll(async () => {
+          ({ store, cleanup } = await factory.open());
+        });
+        afterAll(async () => {
+          await store?.close();
+          await cleanup?.();
+        });
+
+        async function withApp(options: Partial<AppOptions>, body: (app: RunningApp) => Promise<void>) {
+          const app = await adapter.start({ store, ...options });
+          try {
+            await body(app);
+          } finally {
+            await app.close();
+          }
+        }
+
+        it('no key on an optional route: the handler runs every time', () =>
+          withApp({}, async (app) => {
+            const first = await send(app, 'POST', '/orders', { body: { a: 1 } });
+            const second = await send(app, 'POST', '/orders', { body: { a: 1 } });
+            expect([first.status, second.status]).toEqual([201, 201]);
+            expect(first.json()).toEqual({ n: 1, key: null, tx: false, received: { a: 1 } });
+            expect(second.json().n).toBe(2);
+            expect(second.headers.get('idempotency-replayed')).toBeNull();
+          }));
+
+        it('no key on a required route: 400 before the handler runs', () =>
+          withApp({ required: true }, async (app) => {
+            expectError(
+              await send(app, 'POST', '/orders', { body: { a: 1 } }),
+              400,
+              'idempotency_key_missing',
+            );
+            expect(app.calls['POST /orders']).toBeUndefined();
+          }));
+
+        it.each(MALFORMED_KEYS)('malformed key, %s: 400 and the handler does not run', (_name, lines) =>
+          withApp({}, async (app) => {
+            const reply = await rawPost(app, '/orders', lines);
+            expect(reply.status).toBe(400);
+            // node:http itself refuses some bytes before any adapter sees the request.
+            if (reply.text.includes('application/json'))
+              expect(reply.text).toContain('idempotency_key_invalid');
+            expect(app.calls['POST /orders']).toBeUndefined();
+          }),
+        );
+
+        it('a quoted sf-string key and the same bare key name one operation', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', '/orders', { key: `"${key}"`, body: { a: 1 } });
+            const second = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            expect(first.json().key).toBe(key);
+            expectReplayOf(second, first);
+          }));
+
+        it('replay: original status, stored headers and body bytes, plus Idempotency-Replayed', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', '/orders', { key, body: { item: 'book', qty: 2 } });
+            expect(first.status).toBe(201);
+            expect(first.json()).toEqual({ n: 1, key, tx: false, received: { item: 'book', qty: 2 } });
+            expect(first.headers.get('set-cookie')).toBe('sid=1');
+            expect(first.headers.get('x-trace')).toBe('1');
+            const replay = await send(app, 'POST', '/orders', { key, body: { qty: 2, item: 'book' } });
+            expectReplayOf(replay, first);
+            expect(replay.headers.get('x-trace')).toBeNull();
+            expect(app.calls['POST /orders']).toBe(1);
+          }));
+
+        it.each(['/text', '/buffer', '/stream?size=3000'])('replay of %s is byte-identical', (path) =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', path, { key, body: {} });
+            expect(first.status).toBe(200);
+            if (path !== '/text') expect(first.body.equals(pattern(1, 3000))).toBe(true);
+            const replay = await send(app, 'POST', path, { key, body: {} });
+            expectReplayOf(replay, first);
+            expect(Object.values(app.calls)).toEqual([1]);
+          }),
+        );
+
+        it('PATCH is guarded like POST', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'PATCH', '/orders', { key, body: { a: 1 } });
+            expectReplayOf(await send(app, 'PATCH', '/orders', { key, body: { a: 1 } }), first);
+            expect(app.calls['PATCH /orders']).toBe(1);
+          }));
+
+        it('same key, different body or path: 409 and the handler does not run', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            const otherBody = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
+            expectError(otherBody, 409, 'key_conflict');
+            expect(otherBody.json().key).toBe(key);
+            expectError(await send(app, 'POST', '/text', { key, body: { a: 1 } }), 409, 'key_conflict');
+            expectError(await send(app, 'POST', '/orders?x=1', { key, body: { a: 1 } }), 409, 'key_conflict');
+            expect(app.calls['POST /orders']).toBe(1);
+            expect(app.calls['POST /text']).toBeUndefined();
+          }));
+
+        it("profile 'ietf': a mismatch is 422 problem+json", () =>
+          withApp({ profile: 'ietf' }, async (app) => {
+            const key = newKey();
+            await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            const reply = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
+            expect(reply.status).toBe(422);
+            expect(reply.headers.get('content-type')).toBe('application/problem+json');
+            expect(reply.json()).toMatchObject({ status: 422, title: 'key_conflict' });
+          }));
+
+        it('onError renders engine errors', () =>
+          withApp(
+            {
+              required: true,
+              onError: (error) => ({
+                status: error.status,
+                headers: { 'content-type': 'text/plain' },
+                body: Buffer.from(`custom ${error.code}`),
+              }),
+            },
+            async (app) => {
+              const reply = await send(app, 'POST', '/orders', { body: {} });
+              expect(reply.status).toBe(400);
+              expect(reply.headers.get('content-type')).toMatch(/^text\/plain/);
+              expect(reply.body.toString()).toBe('custom idempotency_key_missing');
+            },
+          ));
+
+        it('a duplicate of an in-progress request waits, then gets the replay', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = send(app, 'POST', '/slow?ms=400', { key, body: { a: 1 } });
+            await until(() => app.calls['POST /slow'] === 1, 'the first request to reach the handler');
+            const second = await send(app, 'POST', '/slow?ms=400', { key, body: { a: 1 } });
+            expectReplayOf(second, await first);
+            expect(app.calls['POST /slow']).toBe(1);
+          }));
+
+        it("concurrency 'reject': a duplicate in progress is 409 with Retry-After", () =>
+          withApp({ concurrency: 'reject' }, async (app) => {
+            const key = newKey();
+            const first = send(app, 'POST', '/slow?ms=500', { key, body: { a: 1 } });
+            await until(() => app.calls['POST /slow'] === 1, 'the first request to reach the handler');
+            const second = await send(app, 'POST', '/slow?ms=500', { key, body: { a: 1 } });
+            expectError(second, 409, 'request_in_progress');
+            expect(Number(second.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+            expect((await first).status).toBe(201);
+            expectReplayOf(await send(app, 'POST', '/slow?ms=500', { key, body: { a: 1 } }), await first);
+            expect(app.calls['POST /slow']).toBe(1);
+          }));
+
+        for (const path of adapter.throwPaths) {
+          it(`handler failing (${path}): the key is released and the retry runs`, () =>
+            withApp({}, async (app) => {
+              const key = newKey();
+              const failed = await send(app, 'POST', path, { key, body: { a: 1 } });
+              expect(failed.status).toBeGreaterThanOrEqual(500);
+              expect(failed.headers.get('idempotency-replayed')).toBeNull();
+              const retry = await send(app, 'POST', path, { key, body: { a: 1 } });
+              expect(retry.status).toBe(201);
+              expectReplayOf(await send(app, 'POST', path, { key, body: { a: 1 } }), retry);
+              expect(app.calls[`POST ${path}`]).toBe(2);
+            }));
+        }
+
+        it('a 5xx response is not stored: the key is released and the retry runs', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const failed = await send(app, 'POST', '/fail', { key, body: { a: 1 } });
+            expect(failed.status).toBe(500);
+            expect(failed.json()).toEqual({ error: 'boom' });
+            const retry = await send(app, 'POST', '/fail', { key, body: { a: 1 } });
+            expect(retry.status).toBe(201);
+            expect(retry.headers.get('idempotency-replayed')).toBeNull();
+            expect(app.calls['POST /fail']).toBe(2);
+          }));
+
+        it('after the retention window the key names a new operation', () =>
+          withApp({ ttl: 300, lease: 300 }, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            await sleep(800);
+            const later = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
+            expect(later.status).toBe(201);
+            expect(later.headers.get('idempotency-replayed')).toBeNull();
+            expect([first.json().n, later.json().n]).toEqual([1, 2]);
+          }));
+
+        it('a request body over maxBodyBytes: 413 and the handler does not run; the server stays up', () =>
+          withApp({ maxBodyBytes: 1024 }, async (app) => {
+            const large = await send(app, 'POST', '/orders', {
+              key: newKey(),
+              body: { pad: 'x'.repeat(5000) },
+            });
+            expectError(large, 413, 'body_too_large');
+            expect(app.calls['POST /orders']).toBeUndefined();
+            expect((await send(app, 'POST', '/orders', { key: newKey(), body: { a: 1 } })).status).toBe(201);
+          }));
+
+        it.each(['/stream', '/buffer'])(
+          'a %s response over maxResponseBytes is sent whole, not stored, and the key released',
+          (path) =>
+            withApp({ maxResponseBytes: 4096 }, async (app) => {
+              const key = newKey();
+              const first = await send(app, 'POST', `${path}?size=20000`, { key, body: {} });
+              expect(first.status).toBe(200);
+              expect(first.body.equals(pattern(1, 20000))).toBe(true);
+              const second = await send(app, 'POST', `${path}?size=20000`, { key, body: {} });
+              expect(second.headers.get('idempotency-replayed')).toBeNull();
+              expect(second.body.equals(pattern(2, 20000))).toBe(true);
+            }),
+        );
+
+        it('30 concurrent duplicates: one execution, 30 identical answers', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const replies = await Promise.all(
+              Array.from({ length: 30 }, () => send(app, 'POST', '/slow?ms=300', { key, body: { a: 1 } })),
+            );
+            expect(replies.map((r) => r.status)).toEqual(Array(30).fill(201));
+            for (const reply of replies) expect(reply.body.equals(replies[0]!.body)).toBe(true);
+            expect(replies.filter((r) => r.headers.get('idempotency-replayed') === 'true')).toHaveLength(29);
+            expect(app.calls['POST /slow']).toBe(1);
+          }));
+
+        it('scope isolation: the same key from two bearer tokens names two operations', () =>
+          withApp({ scopeByAuthorization: true }, async (app) => {
+            const key = newKey();
+            const alice = { authorization: 'Bearer alice' };
+            const bob = { authorization: 'Bearer bob' };
+            const a1 = await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: alice });
+            const b1 = await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: bob });
+            expect(b1.headers.get('idempotency-replayed')).toBeNull();
+            expect([a1.json().n, b1.json().n]).toEqual([1, 2]);
+            expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: alice }), a1);
+            expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: bob }), b1);
+            // A different body under Bob's scope is Bob's conflict, not Alice's.
+            expectError(
+              await send(app, 'POST', '/orders', { key, body: { a: 9 }, headers: bob }),
+              409,
+              'key_conflict',
+            );
+            expect(app.calls['POST /orders']).toBe(2);
+          }));
+
+        it.each(['GET', 'HEAD', 'PUT', 'DELETE'])('%s passes through untouched, key or not', (method) =>
+          withApp({ required: true }, async (app) => {
+            const key = newKey();
+            for (const n of [1, 2]) {
+              const reply = await send(app, method, '/orders', { key });
+              expect(reply.status).toBe(200);
+              expect(reply.headers.get('idempotency-replayed')).toBeNull();
+              if (method !== 'HEAD') expect(reply.json()).toEqual({ n, key: null });
+            }
+            expect((await send(app, method, '/orders')).status).toBe(200);
+            expect(app.calls[`${method} /orders`]).toBe(3);
+          }),
+        );
+
+        it('peer failure: replays keep Location (and ETag, Content-Type)', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            const replay = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            expect(first.headers.get('location')).toBe('/orders/1');
+            expect(replay.headers.get('location')).toBe('/orders/1');
+            expect(replay.headers.get('etag')).toBe('"1"');
+          }));
+
+        it('set-cookie is never replayed', () =>
+          withApp({ replayHeaders: ['set-cookie', 'x-trace'] }, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            const replay = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            expect(first.headers.get('set-cookie')).toBe('sid=1');
+            expect(replay.headers.get('set-cookie')).toBeNull();
+            expect(replay.headers.get('x-trace')).toBe('1');
+          }));
+
+        it('peer failure: a handler error never leaves the key stuck in progress', () =>
+          withApp({ concurrency: 'reject', lease: '1h', ttl: '1d' }, async (app) => {
+            const path = adapter.throwPaths[0]!;
+            const key = newKey();
+            expect((await send(app, 'POST', path, { key, body: { a: 1 } })).status).toBeGreaterThanOrEqual(
+              500,
+            );
+            // With 'reject', a stuck key would answer 409 at once; the freed key runs the retry.
+            expect((await send(app, 'POST', path, { key, body: { a: 1 } })).status).toBe(201);
+          }));
+
+        it('peer failure: a "replayed" flag sent by the client is ignored, and cannot hang a request', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const flags = {
+              'idempotency-replayed': 'true',
+              'x-idempotency-replayed': 'true',
+              'x-replay': 'true',
+              'idempotent-replay': 'true',
+            };
+            const first = await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: flags });
+            expect(first.status).toBe(201);
+            expect(first.headers.get('idempotency-replayed')).toBeNull();
+            expect(app.calls['POST /orders']).toBe(1);
+            const noKey = await send(app, 'POST', '/orders', { body: { a: 1 }, headers: flags });
+            expect(noKey.json().n).toBe(2);
+            expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 } }), first);
+          }));
+
+        it('peer failure: the handler is never called after a replay is sent', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            for (const path of ['/orders', '/stream?size=2000', '/text']) {
+              await send(app, 'POST', path, { key: `${key}${path}`, body: {} });
+              const replay = await send(app, 'POST', path, { key: `${key}${path}`, body: {} });
+              expect(replay.headers.get('idempotency-replayed')).toBe('true');
+            }
+            await sleep(200);
+            expect(app.calls).toEqual({ 'POST /orders': 1, 'POST /stream': 1, 'POST /text': 1 });
+          }));
+
+        it('a store that fails: 503 JSON with Retry-After, and the handler does not run', async () => {
+          const app = await adapter.start({ store: brokenStore('failing') });
+          try {
+            const reply = await send(app, 'POST', '/orders', { key: newKey(), body: { a: 1 } });
+            expectError(reply, 503, 'store_unavailable');
+            expect(reply.headers.get('retry-after')).toBe('1');
+            expect(app.calls['POST /orders']).toBeUndefined();
+          } finally {
+            await app.close();
+          }
+        });
+
+        it('a store that never answers: 503 after storeTimeout, never a hang', async () => {
+          const app = await adapter.start({ store: brokenStore('hanging'), storeTimeout: 200 });
+          try {
+            expectError(
+              await send(app, 'POST', '/orders', { key: newKey(), body: {} }),
+              503,
+              'store_unavailable',
+            );
+            expect(app.calls['POST /orders']).toBeUndefined();
+          } finally {
+            await app.close();
+          }
+        });
+
+        describe.skipIf(!factory.atomic)('atomic mode', () => {
+          const atomic = (fn: (app: RunningApp) => Promise<void>) => () => {
+            expect(isAtomicStore(store)).toBe(true);
+            return withApp({ mode: 'atomic' }, fn);
+          };
+
+          it(
+            'the handler gets ctx.tx; the response commits with the record and replays',
+            atomic(async (app) => {
+              const key = newKey();
+              const first = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+              expect(first.status).toBe(201);
+              expect(first.json()).toMatchObject({ n: 1, key, tx: true });
+              expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 } }), first);
+            }),
+          );
+
+          it(
+            'a handler error rolls back and the retry runs',
+            atomic(async (app) => {
+              const path = adapter.throwPaths[0]!;
+              const key = newKey();
+              expect((await send(app, 'POST', path, { key, body: {} })).status).toBeGreaterThanOrEqual(500);
+              expect((await send(app, 'POST', path, { key, body: {} })).status).toBe(201);
+            }),
+          );
+
+          it('a response over maxResponseBytes: 500 response_too_large, none of the handler headers leak', () =>
+            withApp({ mode: 'atomic', maxResponseBytes: 4096 }, async (app) => {
+              const key = newKey();
+              for (const path of ['/stream?size=20000', '/buffer?size=20000']) {
+                const reply = await send(app, 'POST', path, { key: `${key}${path}`, body: {} });
+                expectError(reply, 500, 'response_too_large');
+              }
+              const order = await send(app, 'POST', '/orders', { key, body: { pad: 'x'.repeat(5000) } });
+              expectError(order, 500, 'response_too_large');
+              expect(order.headers.get('location')).toBeNull();
+              expect(order.headers.get('set-cookie')).toBeNull();
+            }));
+
+          it(
+            '30 concurrent duplicates: one execution',
+            atomic(async (app) => {
+              const key = newKey();
+              const replies = await Promise.all(
+                Array.from({ length: 30 }, () => send(app, 'POST', '/slow?ms=200', { key, body: {} })),
+              );
+              expect(replies.map((r) => r.status)).toEqual(Array(30).fill(201));
+              for (const reply of replies) expect(reply.body.equals(replies[0]!.body)).toBe(true);
+              expect(app.calls['POST /slow']).toBe(1);
+            }),
+          );
+        });
+      },
+    );
+  }
+}
