@@ -234,7 +234,7 @@ describe('loan desk on SQLite', () => {
   });
 
   it('expired keys are purged by the timer', async () => {
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '1s', PURGE_INTERVAL: '250ms' } });
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '2s', PURGE_INTERVAL: '250ms' } });
     const keyRows = () => {
       const db = new Database(desk.databaseUrl, { readonly: true });
       try {
@@ -247,7 +247,7 @@ describe('loan desk on SQLite', () => {
       for (let i = 0; i < 3; i++)
         expect((await postLoan(desk.baseUrl, intent(), { key: key() })).status).toBe(201);
       expect(keyRows()).toBe(3);
-      await sleep(2000);
+      await sleep(3000);
       expect(keyRows()).toBe(0);
       expect(await listLoans(desk.baseUrl)).toHaveLength(3);
     } finally {
