@@ -6,6 +6,7 @@ import Database from 'better-sqlite3';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
+import { fingerprint } from '../src/core/fingerprint.js';
 import {
   getJson,
   type LoanResponse,
@@ -122,6 +123,45 @@ describe.each(databases)('loan desk on $name, atomic mode', ({ skip, url }) => {
 });
 
 describe('loan desk on SQLite, lease mode', () => {
+  it('a key held by a live owner is 409 request_in_progress after IDEMPOTENCY_WAIT; a dead owner is taken over once its lease passes', async () => {
+    const desk = await startLoanDesk({ env: { IDEMPOTENCY_MODE: 'lease', IDEMPOTENCY_WAIT: '300ms' } });
+    const db = new Database(desk.databaseUrl);
+    try {
+      const k = key('OD');
+      const body = JSON.stringify(intent());
+      // The record a process leaves when it dies after claiming the key and before lending the book.
+      const print = fingerprint({
+        method: 'POST',
+        path: '/loans',
+        contentType: 'application/json',
+        body: Buffer.from(body),
+      });
+      const nowMs = Date.now();
+      db.prepare(
+        `INSERT INTO idempotency_keys (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+         VALUES ('anonymous', ?, ?, 'dead-owner', ?, ?, ?)`,
+      ).run(k, print, nowMs + 60_000, nowMs, nowMs + DAY_MS);
+
+      const busy = await postLoan(desk.baseUrl, body, { key: k });
+      expect(busy.status).toBe(409);
+      expect(busy.body.error).toBe('request_in_progress');
+      expect(Number(busy.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
+      expect((await postLoan(desk.baseUrl, intent(), { key: k })).body.error).toBe('key_conflict');
+      expect(await listLoans(desk.baseUrl)).toHaveLength(0);
+
+      db.prepare('UPDATE idempotency_keys SET lease_until_ms = ? WHERE key = ?').run(Date.now() - 1, k);
+      const takenOver = await postLoan(desk.baseUrl, body, { key: k });
+      expect(takenOver.status).toBe(201);
+      expect((await postLoan(desk.baseUrl, body, { key: k })).headers.get('idempotency-replayed')).toBe(
+        'true',
+      );
+      expect(await listLoans(desk.baseUrl)).toHaveLength(1);
+    } finally {
+      db.close();
+      await desk.stop();
+    }
+  });
+
   it('kill -9 mid-flight: after restart no key stays stuck beyond its lease', async () => {
     const env = { DATABASE_URL: tempDatabaseUrl(), IDEMPOTENCY_MODE: 'lease', IDEMPOTENCY_LEASE: '1s' };
     const desk = await startLoanDesk({ env });

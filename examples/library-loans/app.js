@@ -71,8 +71,16 @@ function parseLoan(body) {
  * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
  * instead of lending the book again; without a key every call is a new loan.
  */
-export function loanDesk({ database, store, mode, ttlMs, leaseMs, required }) {
-  const guard = idempotency({ store, mode, ttl: ttlMs, lease: leaseMs, required, scope: scopeOf });
+export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, required }) {
+  const guard = idempotency({
+    store,
+    mode,
+    ttl: ttlMs,
+    lease: leaseMs,
+    wait: waitMs,
+    required,
+    scope: scopeOf,
+  });
 
   // In atomic mode `idem.tx` is the transaction holding the claim: the loan commits with the
   // saved response or not at all.

@@ -12,6 +12,7 @@ import ms from 'ms';
  * IDEMPOTENCY_REQUIRED       true: POST /loans without a key is 400 (default false: a new loan each time)
  * IDEMPOTENCY_TTL            how long a key replays its response (24h; e.g. 7d, 2s)
  * IDEMPOTENCY_LEASE          how long a claimed key is owned before a retry may take it over (30s)
+ * IDEMPOTENCY_WAIT           how long a duplicate waits for an in-progress original before 409 (10s)
  * PURGE_INTERVAL             how often expired keys are deleted (1m)
  * WORKERS                    processes sharing the port and the database (1)
  */
@@ -19,10 +20,10 @@ export function readConfig(env = process.env) {
   const fail = (name, expected) => {
     throw new Error(`${name}=${JSON.stringify(env[name])} is invalid: expected ${expected}`);
   };
-  const duration = (name, fallback) => {
+  const duration = (name, fallback, min = 1) => {
     const value = env[name] || fallback;
     const parsed = /^\d+$/.test(value) ? Number(value) : ms(value);
-    if (!Number.isSafeInteger(parsed) || parsed <= 0) fail(name, 'a duration like 2s, 1m, 24h, 7d');
+    if (!Number.isSafeInteger(parsed) || parsed < min) fail(name, 'a duration like 2s, 1m, 24h, 7d');
     return parsed;
   };
   const integer = (name, fallback, min) => {
@@ -82,6 +83,7 @@ export function readConfig(env = process.env) {
     ttlMs,
     // The engine refuses a lease longer than retention; a short TTL (tests) shortens the lease too.
     leaseMs: Math.min(duration('IDEMPOTENCY_LEASE', '30s'), ttlMs),
+    waitMs: duration('IDEMPOTENCY_WAIT', '10s', 0),
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
     workers: integer('WORKERS', 1, 1),
   };
