@@ -56,8 +56,8 @@ export interface PostgresStore extends AtomicStore<pg.PoolClient> {
 
 const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 /**
- * A claim that loses to a record changing under it (released, expired, lease passed between the
- * insert and the read) tries again; a few rounds settle any realistic interleaving.
+ * A claim that finds the record changing under it (committed while the insert waited on it,
+ * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
  */
 const CLAIM_ATTEMPTS = 4;
 /**
@@ -81,6 +81,7 @@ function toBuffer(body: Uint8Array): Buffer {
 }
 
 interface RecordRow {
+  acquired: boolean;
   fingerprint: string;
   completed: boolean;
   lease_left_ms: string | null;
@@ -151,29 +152,40 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
   const notifyId = (scope: string, key: string) =>
     createHash('sha1').update(scope).update('\0').update(key).digest('base64');
 
-  // A row takes a new claim when its retention has passed (a new operation), or when it is in
-  // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
+  // One round trip for the common cases: a new key inserts; an existing one is read back in the
+  // same statement. DO NOTHING, unlike DO UPDATE, neither locks nor writes the existing row, so
+  // replays of a hot key run in parallel. The read uses the statement's snapshot and so misses a
+  // row committed while the insert waited on it; the caller then asks again.
   const CLAIM = {
     name: `retrysafe_claim_${tag}`,
-    text: `INSERT INTO ${qualified} AS r
-        (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-      SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM (SELECT ${NOW_MS} AS ms) n
-      ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, token = excluded.token,
-        lease_until_ms = excluded.lease_until_ms, created_at_ms = excluded.created_at_ms,
-        expires_at_ms = excluded.expires_at_ms, completed_at_ms = NULL, status = NULL, headers = NULL,
-        body = NULL
-      WHERE r.expires_at_ms <= excluded.created_at_ms
-        OR (r.completed_at_ms IS NULL AND r.lease_until_ms <= excluded.created_at_ms
-            AND r.fingerprint = excluded.fingerprint)
-      RETURNING token`,
-  };
-  const READ = {
-    name: `retrysafe_read_${tag}`,
-    text: `SELECT fingerprint, completed_at_ms IS NOT NULL AS completed, lease_until_ms - n.ms AS lease_left_ms,
-        (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))
-          AS claimable,
+    text: `WITH n AS (SELECT ${NOW_MS} AS ms),
+      ins AS (
+        INSERT INTO ${qualified} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+        SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM n
+        ON CONFLICT (scope, key) DO NOTHING
+        RETURNING token)
+      SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
+        false AS claimable, NULL::integer AS status, NULL::json AS headers, NULL::bytea AS body
+      FROM ins
+      UNION ALL
+      SELECT false, fingerprint, completed_at_ms IS NOT NULL, lease_until_ms - n.ms,
+        expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3),
         status, headers, body
-      FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n WHERE scope = $1 AND key = $2`,
+      FROM ${qualified}, n
+      WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`,
+  };
+  // A row is taken over when its retention has passed (a new operation), or when it is in progress
+  // with a passed lease and the same fingerprint (a retry taking over a dead owner). The WHERE is
+  // checked again under the row lock, so of concurrent takeovers exactly one wins.
+  const TAKE_OVER = {
+    name: `retrysafe_take_over_${tag}`,
+    text: `WITH n AS (SELECT ${NOW_MS} AS ms)
+      UPDATE ${qualified} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
+        expires_at_ms = n.ms + GREATEST($5, $6), completed_at_ms = NULL, status = NULL, headers = NULL,
+        body = NULL
+      FROM n
+      WHERE scope = $1 AND key = $2
+        AND (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))`,
   };
   const LEASE_LEFT = {
     name: `retrysafe_lease_left_${tag}`,
@@ -212,29 +224,22 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
   async function claimOn(client: pg.Pool | pg.PoolClient, input: ClaimInput): Promise<ClaimResult> {
     for (let attempt = 1; ; attempt++) {
       const token = randomUUID();
-      const inserted = await client.query({
-        ...CLAIM,
-        values: [input.scope, input.key, input.fingerprint, token, input.leaseMs, input.ttlMs],
-      });
-      if (inserted.rowCount === 1) return { outcome: 'acquired', token };
-      const { rows } = await client.query<RecordRow>({
-        ...READ,
-        values: [input.scope, input.key, input.fingerprint],
-      });
+      const values = [input.scope, input.key, input.fingerprint, token, input.leaseMs, input.ttlMs];
+      const { rows } = await client.query<RecordRow>({ ...CLAIM, values });
       const row = rows[0];
+      if (row?.acquired) return { outcome: 'acquired', token };
       if (row && !row.claimable) {
         if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
         if (row.completed) {
           return {
             outcome: 'replay',
-            response: {
-              status: row.status!,
-              headers: row.headers ?? {},
-              body: row.body ?? Buffer.alloc(0),
-            },
+            response: { status: row.status!, headers: row.headers ?? {}, body: row.body ?? Buffer.alloc(0) },
           };
         }
         return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
+      }
+      if (row && (await client.query({ ...TAKE_OVER, values })).rowCount === 1) {
+        return { outcome: 'acquired', token };
       }
       if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
     }
