@@ -83,7 +83,12 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = Obj
     options: FastifyIdempotencyOptions,
     done: (err?: Error) => void,
   ) {
-    const defaults = routeGuard(options);
+    let defaults: RouteHooks;
+    try {
+      defaults = routeGuard(options);
+    } catch (error) {
+      return done(error as Error);
+    }
     if (!fastify.hasRequestDecorator('idempotency')) fastify.decorateRequest('idempotency', undefined);
     fastify.addHook('onRoute', function retrysafeOnRoute(route) {
       const own = route.config?.idempotency;
@@ -236,17 +241,20 @@ function headersOf(headers: Record<string, unknown>): Record<string, string> {
 }
 
 /**
- * The bytes of an onSend payload. A stream is read up to `maxResponseBytes`; past that, lease
- * mode sends what was read followed by the rest of the stream, and atomic mode drops it (the
- * engine rolls back and answers 500).
+ * The bytes of an onSend payload. A stream is read up to `maxResponseBytes`; past that (for any
+ * payload), lease mode sends it on unsaved — what was read, then the rest of the stream — and
+ * atomic mode drops it (the engine rolls back and answers 500).
  */
 async function captureBody(
   engine: Idempotency<FastifyRequest, unknown>,
   payload: unknown,
 ): Promise<{ body: Uint8Array; complete: boolean; payload: unknown }> {
   if (payload === undefined || payload === null) return { body: new Uint8Array(0), complete: true, payload };
-  if (typeof payload === 'string') return { body: Buffer.from(payload), complete: true, payload };
-  if (payload instanceof Uint8Array) return { body: payload, complete: true, payload };
+  if (typeof payload === 'string' || payload instanceof Uint8Array) {
+    const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
+    if (body.byteLength <= engine.maxResponseBytes) return { body, complete: true, payload };
+    return { body: new Uint8Array(0), complete: false, payload: engine.mode === 'atomic' ? undefined : payload };
+  }
   if (!(payload instanceof Readable)) {
     throw new TypeError('retrysafe: onSend payload is neither string, Buffer nor stream');
   }

@@ -1,0 +1,251 @@
+import http from 'node:http';
+import { createRequire } from 'node:module';
+import { setTimeout as sleep } from 'node:timers/promises';
+import express5, { type NextFunction, type Request, type Response } from 'express';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type ExpressIdempotencyOptions, idempotency } from '../src/adapters/express.js';
+import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
+import { memoryStore } from '../src/stores/memory.js';
+import {
+  type AdapterUnderTest,
+  describeAdapterConformance,
+  listen,
+  memory,
+  type Planned,
+  paced,
+  plan,
+  postgres,
+  type RunningApp,
+  sqlite,
+} from './conformance/adapter-suite.js';
+
+// Express 4 is installed under an alias (npm:express@4); its API is the subset typed here.
+const express4 = createRequire(import.meta.url)('express4') as typeof express5;
+
+type Express = typeof express5;
+
+function answer(res: Response, planned: Exclude<Planned, { kind: 'fail' }>): Promise<void> | undefined {
+  res.status(planned.status).set(planned.headers);
+  switch (planned.kind) {
+    case 'json':
+      return void res.json(planned.json);
+    case 'text':
+      return void res.send(planned.text);
+    case 'bytes':
+      return void res.send(planned.bytes);
+    case 'stream':
+      return (async () => {
+        for await (const chunk of paced(planned.chunks)) res.write(chunk);
+        res.end();
+      })();
+  }
+}
+
+const urlOf = (req: Request) => new URL(req.originalUrl, 'http://x');
+
+/**
+ * `parser`: mount `express.json()` before the middleware (the usual setup, fingerprint from the
+ * parsed body) or nothing (the middleware reads the raw body into `req.body`).
+ */
+function expressAdapter(
+  name: string,
+  express: Express,
+  parser: boolean,
+  asyncThrow: boolean,
+): AdapterUnderTest {
+  return {
+    name,
+    throwPaths: ['/throw', '/throw-next', ...(asyncThrow ? ['/throw-async'] : [])],
+    async start({ scopeByAuthorization, ...options }) {
+      const calls: Record<string, number> = {};
+      const app = express();
+      if (parser) app.use(express.json({ limit: '10mb' }));
+      app.use(
+        idempotency({
+          ...options,
+          ...(scopeByAuthorization ? { scope: (req) => req.get('authorization') ?? '' } : {}),
+        }),
+      );
+      const planFor = (req: Request) => plan(calls, req.method, urlOf(req), req.idempotency, req.body);
+      app.post('/throw', (req, res) => {
+        const planned = planFor(req);
+        if (planned.kind === 'fail') throw new Error('boom');
+        return answer(res, planned);
+      });
+      app.post('/throw-next', (req, res, next) => {
+        const planned = planFor(req);
+        if (planned.kind === 'fail') return next(new Error('boom'));
+        return answer(res, planned);
+      });
+      app.post('/throw-async', async (req, res) => {
+        const planned = planFor(req);
+        await sleep(1);
+        if (planned.kind === 'fail') throw new Error('boom');
+        return answer(res, planned);
+      });
+      app.all(['/orders', '/text', '/buffer', '/stream', '/fail', '/slow'], (req, res, next) => {
+        const planned = planFor(req);
+        if (planned.kind === 'fail') return next(new Error('unexpected'));
+        void sleep(planned.delayMs ?? 0)
+          .then(() => answer(res, planned))
+          .catch(next);
+      });
+      return listen(http.createServer(app), calls);
+    },
+  };
+}
+
+describeAdapterConformance(expressAdapter('express 5 (express.json() first)', express5, true, true), [
+  memory,
+  sqlite,
+  postgres,
+]);
+describeAdapterConformance(expressAdapter('express 4 (no body parser)', express4, false, false), [
+  memory,
+  sqlite,
+]);
+
+describe('express specifics', () => {
+  const store = memoryStore();
+  const apps: RunningApp[] = [];
+  afterAll(async () => {
+    await Promise.all(apps.map((app) => app.close()));
+    await store.close();
+  });
+
+  async function start(express: Express, build: (app: ReturnType<Express>) => void): Promise<RunningApp> {
+    const app = express();
+    build(app);
+    const running = await listen(http.createServer(app), {});
+    apps.push(running);
+    return running;
+  }
+
+  async function post(
+    app: RunningApp,
+    path: string,
+    key?: string,
+    body: string = '{"a":1}',
+    type = 'application/json',
+  ) {
+    const res = await fetch(app.url + path, {
+      method: 'POST',
+      headers: { 'content-type': type, ...(key ? { 'idempotency-key': key } : {}) },
+      body,
+    });
+    return { status: res.status, headers: res.headers, text: await res.text() };
+  }
+
+  const echo = (req: Request, res: Response) =>
+    res.status(201).json({
+      body: Buffer.isBuffer(req.body) ? `buffer:${req.body.toString()}` : req.body,
+      key: req.idempotency?.key ?? null,
+    });
+
+  it('options are checked when the middleware is built', () => {
+    expect(() => idempotency({ store, renderErrors: 'yes' } as unknown as ExpressIdempotencyOptions)).toThrow(
+      ConfigError,
+    );
+    expect(() => idempotency({ store, ttl: 'soon' })).toThrow(/`ttl`/);
+  });
+
+  for (const [version, express] of [
+    ['5', express5],
+    ['4', express4],
+  ] as const) {
+    describe(`express ${version}`, () => {
+      let app: RunningApp;
+      beforeAll(async () => {
+        app = await start(express, (a) => {
+          a.post('/required', express.json(), idempotency({ store, required: true }), echo);
+          a.post('/optional', express.json(), idempotency({ store }), echo);
+          // The middleware first, a parser after it: the parser must skip the consumed stream.
+          a.post('/raw-then-parser', idempotency({ store }), express.json(), echo);
+          a.post('/form', express.urlencoded({ extended: false }), idempotency({ store }), echo);
+          const api = express.Router();
+          api.use(express.json(), idempotency({ store }));
+          api.post('/a', echo);
+          api.post('/b', echo);
+          a.use('/api', api);
+          a.post(
+            '/next-errors',
+            express.json(),
+            idempotency({ store, required: true, renderErrors: false }),
+            echo,
+          );
+          a.post(
+            '/next-errors-custom',
+            express.json(),
+            idempotency({ store, required: true, renderErrors: false }),
+            echo,
+          );
+          a.post('/validation', express.json(), idempotency({ store }), () => {
+            throw Object.assign(new Error('bad isbn'), { status: 422 });
+          });
+          a.use('/next-errors-custom', ((error: IdempotencyError, _req, res, _next) => {
+            res.status(error.statusCode).set(error.headers).json({ custom: error.code });
+          }) as (error: IdempotencyError, req: Request, res: Response, next: NextFunction) => void);
+          a.use(((error: { status?: number }, _req, res, _next) => {
+            res.status(error.status ?? 500).json({ error: 'app_error' });
+          }) as (error: { status?: number }, req: Request, res: Response, next: NextFunction) => void);
+        });
+      });
+
+      it('per-route options: `required` on one route, optional on another', async () => {
+        const missing = await post(app, '/required');
+        expect(missing.status).toBe(400);
+        expect(JSON.parse(missing.text)).toMatchObject({ error: 'idempotency_key_missing' });
+        expect((await post(app, '/optional')).status).toBe(201);
+      });
+
+      it('a parser mounted after the middleware skips the body it read, and the handler gets a Buffer', async () => {
+        const first = await post(app, '/raw-then-parser', `raw-${version}`);
+        expect(first.status).toBe(201);
+        expect(JSON.parse(first.text).body).toBe('buffer:{"a":1}');
+        const replay = await post(app, '/raw-then-parser', `raw-${version}`);
+        expect(replay.headers.get('idempotency-replayed')).toBe('true');
+        expect(replay.text).toBe(first.text);
+      });
+
+      it('a form body parsed before the middleware: same form replays, another form conflicts', async () => {
+        const form = 'application/x-www-form-urlencoded';
+        const first = await post(app, '/form', `form-${version}`, 'isbn=1&member=2', form);
+        expect(JSON.parse(first.text).body).toEqual({ isbn: '1', member: '2' });
+        expect((await post(app, '/form', `form-${version}`, 'isbn=1&member=2', form)).text).toBe(first.text);
+        expect((await post(app, '/form', `form-${version}`, 'isbn=9&member=2', form)).status).toBe(409);
+      });
+
+      it('under a router, the fingerprint uses the full path: /api/a and /api/b conflict', async () => {
+        expect((await post(app, '/api/a', `router-${version}`)).status).toBe(201);
+        expect((await post(app, '/api/b', `router-${version}`)).status).toBe(409);
+      });
+
+      it('renderErrors: false hands the IdempotencyError to the error middleware', async () => {
+        const custom = await post(app, '/next-errors-custom');
+        expect(custom.status).toBe(400);
+        expect(JSON.parse(custom.text)).toEqual({ custom: 'idempotency_key_missing' });
+        const generic = await post(app, '/next-errors');
+        expect(generic.status).toBe(400);
+        expect(JSON.parse(generic.text)).toEqual({ error: 'app_error' });
+      });
+
+      it('a 4xx the error middleware renders for a thrown error is what is stored and replayed', async () => {
+        const first = await post(app, '/validation', `validation-${version}`);
+        expect(first.status).toBe(422);
+        const replay = await post(app, '/validation', `validation-${version}`);
+        expect(replay.status).toBe(422);
+        expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      });
+    });
+  }
+
+  it('without an error middleware, a default Express app still answers engine errors as JSON', async () => {
+    for (const express of [express5, express4]) {
+      const app = await start(express, (a) => a.post('/x', idempotency({ store, required: true }), echo));
+      const reply = await post(app, '/x');
+      expect(reply.status).toBe(400);
+      expect(reply.headers.get('content-type')).toMatch(/^application\/json/);
+      expect(JSON.parse(reply.text)).toMatchObject({ error: 'idempotency_key_missing' });
+    }
+  });
+});

@@ -1,0 +1,181 @@
+import type { AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { idempotency } from '../src/adapters/fastify.js';
+import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
+import { memoryStore } from '../src/stores/memory.js';
+import {
+  type AdapterUnderTest,
+  describeAdapterConformance,
+  memory,
+  type Planned,
+  paced,
+  plan,
+  type RunningApp,
+  redis,
+  sqlite,
+} from './conformance/adapter-suite.js';
+
+async function listenFastify(app: FastifyInstance, calls: Record<string, number>): Promise<RunningApp> {
+  await app.listen({ port: 0, host: '127.0.0.1' });
+  const { port } = app.server.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}`, calls, close: () => app.close() };
+}
+
+function answer(reply: FastifyReply, planned: Exclude<Planned, { kind: 'fail' }>): unknown {
+  reply.code(planned.status).headers(planned.headers);
+  switch (planned.kind) {
+    case 'json':
+      return planned.json;
+    case 'text':
+      return planned.text;
+    case 'bytes':
+      return planned.bytes;
+    case 'stream':
+      return Readable.from(paced(planned.chunks));
+  }
+}
+
+const fastifyAdapter: AdapterUnderTest = {
+  name: 'fastify',
+  throwPaths: ['/throw', '/throw-sync', '/throw-send'],
+  async start({ scopeByAuthorization, ...options }) {
+    const calls: Record<string, number> = {};
+    const app = Fastify();
+    await app.register(idempotency, {
+      ...options,
+      ...(scopeByAuthorization ? { scope: (request) => request.headers.authorization ?? '' } : {}),
+    });
+    const planFor = (request: FastifyRequest) =>
+      plan(calls, request.method, new URL(request.url, 'http://x'), request.idempotency, request.body);
+    app.post('/throw', async (request, reply) => {
+      const planned = planFor(request);
+      await sleep(1);
+      if (planned.kind === 'fail') throw new Error('boom');
+      return answer(reply, planned);
+    });
+    app.post('/throw-sync', (request, reply) => {
+      const planned = planFor(request);
+      if (planned.kind === 'fail') throw new Error('boom');
+      reply.send(answer(reply, planned));
+    });
+    app.post('/throw-send', (request, reply) => {
+      const planned = planFor(request);
+      reply.send(planned.kind === 'fail' ? new Error('boom') : answer(reply, planned));
+    });
+    const handler = async (request: FastifyRequest, reply: FastifyReply) => {
+      const planned = planFor(request);
+      if (planned.delayMs) await sleep(planned.delayMs);
+      if (planned.kind === 'fail') throw new Error('unexpected');
+      return answer(reply, planned);
+    };
+    app.route({ method: ['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], url: '/orders', handler });
+    for (const url of ['/text', '/buffer', '/stream', '/fail', '/slow']) app.post(url, handler);
+    return listenFastify(app, calls);
+  },
+};
+
+describeAdapterConformance(fastifyAdapter, [memory, sqlite, redis]);
+
+describe('fastify specifics', () => {
+  const store = memoryStore();
+  let app: FastifyInstance;
+  let url: string;
+  const seen: string[] = [];
+
+  beforeAll(async () => {
+    app = Fastify({ bodyLimit: 2048 });
+    await app.register(idempotency, { store, maxBodyBytes: 1_000_000 });
+    const echo = async (request: FastifyRequest, reply: FastifyReply) => {
+      seen.push(`${request.url} ${request.idempotency?.key ?? '-'}`);
+      return reply.code(201).send({ key: request.idempotency?.key ?? null, body: request.body ?? null });
+    };
+    app.post('/default', echo);
+    app.post('/required', { config: { idempotency: { required: true, ttl: '1h' } } }, echo);
+    app.post('/unguarded', { config: { idempotency: false } }, echo);
+    app.post('/put-guarded', { config: { idempotency: { methods: ['PUT'] } } }, echo);
+    app.put('/put-guarded', { config: { idempotency: { methods: ['PUT'] } } }, echo);
+    await app.register(async (child) => {
+      child.setErrorHandler((error: IdempotencyError, _request, reply) => {
+        reply.code(error.statusCode).headers(error.headers).send({ custom: error.code });
+      });
+      child.post('/child', { config: { idempotency: { renderErrors: false, required: true } } }, echo);
+    });
+    app.post('/fastify-errors', { config: { idempotency: { renderErrors: false } } }, echo);
+    await app.listen({ port: 0, host: '127.0.0.1' });
+    url = `http://127.0.0.1:${(app.server.address() as AddressInfo).port}`;
+  });
+  afterAll(async () => {
+    await app.close();
+    await store.close();
+  });
+
+  async function call(method: string, path: string, key?: string, body = '{"a":1}') {
+    const res = await fetch(url + path, {
+      method,
+      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
+      body,
+    });
+    return { status: res.status, headers: res.headers, json: await res.json() };
+  }
+
+  it('bad options fail at registration, naming the option', async () => {
+    await expect(Fastify().register(idempotency, { store, wait: -1 }).ready()).rejects.toThrow(/`wait`/);
+    const bad = Fastify();
+    await bad.register(idempotency, { store });
+    // A route's own options are checked as the route is declared.
+    expect(() =>
+      bad.post(
+        '/x',
+        { config: { idempotency: { renderErrors: 'no' as unknown as boolean } } },
+        async () => 'x',
+      ),
+    ).toThrow(ConfigError);
+  });
+
+  it('route config merges over the plugin defaults', async () => {
+    expect((await call('POST', '/default')).status).toBe(201);
+    const missing = await call('POST', '/required');
+    expect(missing.status).toBe(400);
+    expect(missing.json).toMatchObject({ error: 'idempotency_key_missing' });
+    const put1 = await call('PUT', '/put-guarded', 'put-1');
+    const put2 = await call('PUT', '/put-guarded', 'put-1');
+    expect(put2.headers.get('idempotency-replayed')).toBe('true');
+    expect(put2.json).toEqual(put1.json);
+    const post = await call('POST', '/put-guarded', 'put-1');
+    expect(post.headers.get('idempotency-replayed')).toBeNull();
+    expect(post.json.key).toBeNull();
+  });
+
+  it('config: { idempotency: false } leaves a route unguarded', async () => {
+    const first = await call('POST', '/unguarded', 'u-1');
+    const second = await call('POST', '/unguarded', 'u-1');
+    expect(second.headers.get('idempotency-replayed')).toBeNull();
+    expect([first.json.key, second.json.key]).toEqual([null, null]);
+    expect(seen.filter((s) => s.startsWith('/unguarded'))).toHaveLength(2);
+  });
+
+  it('the handler gets the parsed body and request.idempotency', async () => {
+    const reply = await call('POST', '/default', 'ctx-1', '{"b":[1,2]}');
+    expect(reply.json).toEqual({ key: 'ctx-1', body: { b: [1, 2] } });
+  });
+
+  it('renderErrors: false throws into setErrorHandler (and the default handler keeps status and headers)', async () => {
+    const custom = await call('POST', '/child');
+    expect(custom.status).toBe(400);
+    expect(custom.json).toEqual({ custom: 'idempotency_key_missing' });
+    await call('POST', '/fastify-errors', 'fe-1', '{"a":1}');
+    const conflict = await call('POST', '/fastify-errors', 'fe-1', '{"a":2}');
+    expect(conflict.status).toBe(409);
+    expect(conflict.json).toMatchObject({ statusCode: 409, code: 'key_conflict' });
+  });
+
+  it("Fastify's bodyLimit answers before maxBodyBytes", async () => {
+    const reply = await call('POST', '/default', 'big-1', JSON.stringify({ pad: 'x'.repeat(5000) }));
+    expect(reply.status).toBe(413);
+    expect(reply.json).toMatchObject({ code: 'FST_ERR_CTP_BODY_TOO_LARGE' });
+    expect(seen.some((s) => s.includes('big-1'))).toBe(false);
+  });
+});
