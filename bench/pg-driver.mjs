@@ -12,24 +12,37 @@ const CONCURRENCY = Number(process.argv[3] ?? 10);
 const ROUNDS = 3;
 const schema = `rs_bench_${randomBytes(4).toString('hex')}`;
 
-const NOW = `(extract(epoch from clock_timestamp()) * 1000)::bigint`;
-const CLAIM = `INSERT INTO ${schema}.rec AS r (scope, key, fingerprint, state, owner_token, lease_until_ms, created_at_ms, expires_at_ms)
-  SELECT $1, $2, $3, 'in_progress', $4, n.ms + $5, n.ms, n.ms + $6 FROM (SELECT ${NOW} AS ms) n
-  ON CONFLICT (scope, key) DO UPDATE SET fingerprint = excluded.fingerprint, state = 'in_progress',
-    owner_token = excluded.owner_token, lease_until_ms = excluded.lease_until_ms,
-    created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms
-  WHERE r.expires_at_ms <= excluded.created_at_ms
-  RETURNING owner_token`;
-const COMPLETE = `UPDATE ${schema}.rec SET state = 'completed', response_status = $4, response_headers = $5,
-  response_body = $6, lease_until_ms = NULL WHERE scope = $1 AND key = $2 AND owner_token = $3`;
+const NOW = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`;
+const T = `${schema}.idempotency_keys`;
+// The statements of src/stores/postgres.ts (claim of a new key, complete with its NOTIFY).
+const CLAIM = `WITH n AS (SELECT ${NOW} AS ms),
+  ins AS (
+    INSERT INTO ${T} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+    SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM n
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING token)
+  SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
+    false AS claimable, NULL::integer AS status, NULL::json AS headers, NULL::bytea AS body
+  FROM ins
+  UNION ALL
+  SELECT false, fingerprint, completed_at_ms IS NOT NULL, lease_until_ms - n.ms,
+    expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3),
+    status, headers, body
+  FROM ${T}, n
+  WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`;
+const COMPLETE = `WITH n AS (SELECT ${NOW} AS ms), done AS (
+    UPDATE ${T} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
+    WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
+    RETURNING 1)
+  SELECT pg_notify('retrysafe_bench', $2) FROM done`;
 
 const admin = new pg.Client({ connectionString: URL });
 await admin.connect();
-await admin.query(`CREATE SCHEMA ${schema}; CREATE TABLE ${schema}.rec (scope text NOT NULL, key text NOT NULL,
-  fingerprint text NOT NULL, state text NOT NULL, owner_token text, lease_until_ms bigint,
-  response_status integer, response_headers jsonb, response_body bytea, created_at_ms bigint NOT NULL,
-  expires_at_ms bigint NOT NULL, PRIMARY KEY (scope, key));
-  CREATE INDEX ON ${schema}.rec (expires_at_ms)`);
+await admin.query(`CREATE SCHEMA ${schema}; CREATE TABLE ${T} (scope text NOT NULL, key text NOT NULL,
+  fingerprint text NOT NULL, token text NOT NULL, lease_until_ms bigint NOT NULL,
+  created_at_ms bigint NOT NULL, expires_at_ms bigint NOT NULL, completed_at_ms bigint,
+  status integer, headers json, body bytea, PRIMARY KEY (scope, key));
+  CREATE INDEX ON ${T} (expires_at_ms)`);
 
 const body = Buffer.from(JSON.stringify({ id: 'L-1', member: 'U-1001', isbn: 'K-01' }));
 const headers = JSON.stringify({ 'content-type': 'application/json' });
