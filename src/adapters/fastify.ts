@@ -253,7 +253,11 @@ async function captureBody(
   if (typeof payload === 'string' || payload instanceof Uint8Array) {
     const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
     if (body.byteLength <= engine.maxResponseBytes) return { body, complete: true, payload };
-    return { body: new Uint8Array(0), complete: false, payload: engine.mode === 'atomic' ? undefined : payload };
+    return {
+      body: new Uint8Array(0),
+      complete: false,
+      payload: engine.mode === 'atomic' ? undefined : payload,
+    };
   }
   if (!(payload instanceof Readable)) {
     throw new TypeError('retrysafe: onSend payload is neither string, Buffer nor stream');

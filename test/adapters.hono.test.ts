@@ -1,0 +1,165 @@
+import { once } from 'node:events';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { serve } from '@hono/node-server';
+import { type Context, Hono } from 'hono';
+import { HTTPException } from 'hono/http-exception';
+import type { ContentfulStatusCode } from 'hono/utils/http-status';
+import { afterAll, describe, expect, it } from 'vitest';
+import { type IdempotencyVariables, idempotency } from '../src/adapters/hono.js';
+import { isIdempotencyError } from '../src/core/errors.js';
+import { memoryStore } from '../src/stores/memory.js';
+import {
+  type AdapterUnderTest,
+  describeAdapterConformance,
+  memory,
+  paced,
+  plan,
+  type RunningApp,
+  sqlite,
+} from './conformance/adapter-suite.js';
+
+type Env = { Variables: IdempotencyVariables };
+
+async function serveHono(app: Hono<Env>, calls: Record<string, number>): Promise<RunningApp> {
+  const server = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }) as Server;
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    calls,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      }),
+  };
+}
+
+function toStream(chunks: readonly Buffer[]): ReadableStream<Uint8Array> {
+  const source = paced(chunks);
+  return new ReadableStream({
+    async pull(controller) {
+      const next = await source.next();
+      if (next.done) controller.close();
+      else controller.enqueue(new Uint8Array(next.value));
+    },
+  });
+}
+
+const honoAdapter: AdapterUnderTest = {
+  name: 'hono (@hono/node-server)',
+  throwPaths: ['/throw', '/throw-http-exception'],
+  async start({ scopeByAuthorization, ...options }) {
+    const calls: Record<string, number> = {};
+    const app = new Hono<Env>();
+    app.use(
+      idempotency({
+        ...options,
+        ...(scopeByAuthorization ? { scope: (c: Context) => c.req.header('authorization') ?? '' } : {}),
+      }),
+    );
+    const handler = async (c: Context<Env>) => {
+      const planned = plan(calls, c.req.method, new URL(c.req.url), c.get('idempotency'), await c.req.text());
+      if (planned.delayMs) await sleep(planned.delayMs);
+      const status = planned.status as ContentfulStatusCode;
+      switch (planned.kind) {
+        case 'fail':
+          if (c.req.path === '/throw') throw new Error('boom');
+          throw new HTTPException(503, { message: 'unavailable' });
+        case 'json':
+          return c.json(planned.json, status, planned.headers);
+        case 'text':
+          return c.body(planned.text, status, planned.headers);
+        case 'bytes':
+          return c.body(new Uint8Array(planned.bytes), status, planned.headers);
+        case 'stream':
+          return c.body(toStream(planned.chunks), status, planned.headers);
+      }
+    };
+    app.on(['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], '/orders', handler);
+    for (const path of ['/text', '/buffer', '/stream', '/fail', '/slow', ...honoAdapter.throwPaths]) {
+      app.post(path, handler);
+    }
+    return serveHono(app, calls);
+  },
+};
+
+describeAdapterConformance(honoAdapter, [memory, sqlite]);
+
+describe('hono specifics', () => {
+  const store = memoryStore();
+  afterAll(() => store.close());
+  let count = 0;
+  const app = new Hono<Env>();
+  app.use('/required', idempotency({ store, required: true }));
+  app.use('/optional', idempotency({ store }));
+  app.use('/custom-errors', idempotency({ store, required: true }));
+  app.use('/validation', idempotency({ store }));
+  const echo = async (c: Context<Env>) => {
+    count++;
+    return c.json({ n: count, key: c.get('idempotency')?.key ?? null, body: await c.req.json() }, 201);
+  };
+  app.post('/required', echo);
+  app.post('/optional', echo);
+  app.post('/custom-errors', echo);
+  app.post('/validation', () => {
+    throw new HTTPException(422, { message: 'bad isbn' });
+  });
+  app.onError((error, c) => {
+    if (
+      c.req.path === '/custom-errors' &&
+      error instanceof HTTPException &&
+      isIdempotencyError(error.cause)
+    ) {
+      return c.json({ custom: error.cause.code }, error.status);
+    }
+    return error instanceof HTTPException ? error.getResponse() : c.json({ error: 'internal' }, 500);
+  });
+
+  const call = (path: string, key?: string, body = '{"a":1}') =>
+    app.request(path, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        ...(key === undefined ? {} : { 'idempotency-key': key }),
+      },
+      body,
+    });
+
+  it('per-path options, and the whole flow on app.request() (Web-standard, no server)', async () => {
+    const missing = await call('/required');
+    expect(missing.status).toBe(400);
+    expect(await missing.json()).toMatchObject({ error: 'idempotency_key_missing' });
+    expect((await call('/optional')).status).toBe(201);
+    const first = await call('/required', 'web-1');
+    const replay = await call('/required', 'web-1');
+    expect(replay.headers.get('idempotency-replayed')).toBe('true');
+    expect(await replay.text()).toBe(await first.text());
+  });
+
+  it('the handler still reads the body with c.req.json() after the middleware read it', async () => {
+    const reply = await call('/optional', 'body-1', '{"b":[1,2]}');
+    expect(await reply.json()).toMatchObject({ key: 'body-1', body: { b: [1, 2] } });
+  });
+
+  it('a control character in the key is refused by the engine (no node:http parser in front here)', async () => {
+    const reply = await call('/optional', 'a\x01b');
+    expect(reply.status).toBe(400);
+    expect(await reply.json()).toMatchObject({ error: 'idempotency_key_invalid' });
+  });
+
+  it('engine errors reach a custom app.onError as HTTPException with the IdempotencyError as cause', async () => {
+    const reply = await call('/custom-errors');
+    expect(reply.status).toBe(400);
+    expect(await reply.json()).toEqual({ custom: 'idempotency_key_missing' });
+  });
+
+  it('an HTTPException the handler throws releases the key, whatever its status', async () => {
+    expect((await call('/validation', 'v-1')).status).toBe(422);
+    const again = await call('/validation', 'v-1');
+    expect(again.status).toBe(422);
+    expect(again.headers.get('idempotency-replayed')).toBeNull();
+  });
+});
