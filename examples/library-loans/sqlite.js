@@ -1,3 +1,4 @@
+import Database from 'better-sqlite3';
 import { sqliteStore } from 'retrysafe/sqlite';
 import { BOOKS, MEMBERS } from './catalog.js';
 
@@ -15,10 +16,11 @@ const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
 
 /**
  * The loan desk's tables in a SQLite file, on the idempotency store's own connection so a keyed
- * loan commits in the store's transaction (atomic mode). Every statement runs inside
+ * loan commits in the store's transaction (atomic mode). Every write runs inside
  * `store.transaction`, which queues behind a transaction left open by a request in flight instead
- * of joining it (a keyless loan must not vanish with another request's rollback, and a read must
- * not see a loan that is not committed yet). `setup: true` creates the tables and the catalog
+ * of joining it (a keyless loan must not vanish with another request's rollback). Reads use a
+ * second, read-only connection: in WAL mode it sees only committed loans and never waits for the
+ * write lock. `setup: true` creates the tables and the catalog
  * when missing; the process that starts first runs it, later runs change nothing.
  */
 export async function openSqlite({ filename, setup }) {
@@ -37,15 +39,16 @@ export async function openSqlite({ filename, setup }) {
     });
   }
 
+  const reader = new Database(filename, { readonly: true, fileMustExist: true });
   const bookExists = db.prepare('SELECT 1 FROM book WHERE isbn = ?').pluck();
   const memberExists = db.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
   const insertLoan = db.prepare(
     `INSERT INTO loan (member, isbn, issuedAt) VALUES (@member, @isbn, @issuedAt) RETURNING ${LOAN_COLUMNS}`,
   );
-  const allLoans = db.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
-  const oneLoan = db.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
-  const loanCount = db.prepare('SELECT count(*) FROM loan').pluck();
-  const allBooks = db.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
+  const allLoans = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
+  const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
+  const loanCount = reader.prepare('SELECT count(*) FROM loan').pluck();
+  const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
 
   function lend(loan) {
     if (!bookExists.get(loan.isbn)) return { missing: 'isbn' };
@@ -57,10 +60,13 @@ export async function openSqlite({ filename, setup }) {
     store,
     /** `tx` is the open atomic transaction (the connection itself) when the request has a key. */
     createLoan: (loan, tx) => (tx ? lend(loan) : store.transaction(() => lend(loan))),
-    listLoans: () => store.transaction(() => allLoans.all()),
-    getLoan: (id) => store.transaction(() => oneLoan.get(id)),
-    listBooks: () => store.transaction(() => allBooks.all()),
-    countLoans: () => store.transaction(() => loanCount.get()),
-    close: () => store.close(),
+    listLoans: async () => allLoans.all(),
+    getLoan: async (id) => oneLoan.get(id),
+    listBooks: async () => allBooks.all(),
+    countLoans: async () => loanCount.get(),
+    close: async () => {
+      reader.close();
+      await store.close();
+    },
   };
 }
