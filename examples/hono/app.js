@@ -1,0 +1,19 @@
+import { serve } from '@hono/node-server';
+import { Hono } from 'hono';
+import { idempotency } from 'retrysafe/hono';
+import { sqliteStore } from 'retrysafe/sqlite';
+
+const app = new Hono();
+let orders = 0;
+
+app.use('/orders', idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true }));
+app.post('/orders', async (c) => {
+  const id = ++orders;
+  const { item } = await c.req.json();
+  return c.json({ id, item, key: c.get('idempotency').key }, 201, { location: `/orders/${id}` });
+});
+
+const port = Number(process.env.PORT ?? 3000);
+serve({ fetch: app.fetch, port, hostname: process.env.HOST ?? '127.0.0.1' }, (info) =>
+  console.log(`listening on http://localhost:${info.port}`),
+);

@@ -1,0 +1,18 @@
+import http from 'node:http';
+import { idempotency } from 'retrysafe/node';
+import { sqliteStore } from 'retrysafe/sqlite';
+
+const guard = idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true });
+let orders = 0;
+
+const server = http.createServer(
+  guard((req, res, idem) => {
+    if (req.method !== 'POST' || req.url !== '/orders') return res.writeHead(404).end();
+    const id = ++orders;
+    res.writeHead(201, { 'content-type': 'application/json', location: `/orders/${id}` });
+    res.end(JSON.stringify({ id, item: JSON.parse(req.body).item, key: idem.key }));
+  }),
+);
+server.listen(Number(process.env.PORT ?? 3000), process.env.HOST ?? '127.0.0.1', () =>
+  console.log(`listening on http://localhost:${server.address().port}`),
+);
