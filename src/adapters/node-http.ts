@@ -64,7 +64,12 @@ export function capture(
   res: ServerResponse,
   invoke: () => unknown,
 ): Promise<CapturedResponse> {
-  const original = { writeHead: res.writeHead, write: res.write, end: res.end };
+  const original = {
+    writeHead: res.writeHead,
+    write: res.write,
+    end: res.end,
+    flushHeaders: res.flushHeaders,
+  };
   const restore = () => Object.assign(res, original);
   const chunks: Buffer[] = [];
   let size = 0;
@@ -118,6 +123,8 @@ export function capture(
     };
     // Headers given to writeHead are moved onto `res`, so getHeaders() sees all of them and the
     // real writeHead later sends them unchanged (set-cookie arrays included).
+    // Sending the headers early would commit the status before the response is saved.
+    res.flushHeaders = () => undefined;
     res.writeHead = ((status: number, ...rest: unknown[]) => {
       res.statusCode = status;
       if (typeof rest[0] === 'string') res.statusMessage = rest[0];
