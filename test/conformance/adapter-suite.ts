@@ -84,7 +84,13 @@ export function orderHeaders(n: number): Record<string, string> {
 }
 
 export function orderJson(n: number, ctx: IdempotencyContext | undefined, received: unknown) {
-  return { n, key: ctx?.key ?? null, tx: ctx?.tx !== undefined, received: received ?? null };
+  return {
+    n,
+    key: ctx?.key ?? null,
+    tx: ctx?.tx !== undefined,
+    charge: ctx?.downstreamKey('charge') ?? null,
+    received: received ?? null,
+  };
 }
 
 /** A JSON body as the handler received it: a Buffer or string is parsed, anything else kept. */
@@ -423,7 +429,9 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             const key = newKey();
             const first = await send(app, 'POST', '/orders', { key, body: { item: 'book', qty: 2 } });
             expect(first.status).toBe(201);
-            expect(first.json()).toEqual({ n: 1, key, tx: false, received: { item: 'book', qty: 2 } });
+            expect(first.json()).toMatchObject({ n: 1, key, tx: false, received: { item: 'book', qty: 2 } });
+            // downstreamKey: stable per scope, key and purpose, and opaque (sha256, base64url).
+            expect(first.json().charge).toMatch(/^[\w-]{43}$/);
             expect(first.headers.get('set-cookie')).toBe('sid=1');
             expect(first.headers.get('x-trace')).toBe('1');
             const replay = await send(app, 'POST', '/orders', { key, body: { qty: 2, item: 'book' } });
@@ -599,6 +607,7 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             const b1 = await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: bob });
             expect(b1.headers.get('idempotency-replayed')).toBeNull();
             expect([a1.json().n, b1.json().n]).toEqual([1, 2]);
+            expect(a1.json().charge).not.toBe(b1.json().charge);
             expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: alice }), a1);
             expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers: bob }), b1);
             // A different body under Bob's scope is Bob's conflict, not Alice's.
