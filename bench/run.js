@@ -74,6 +74,7 @@ const results = {
     durationS: ctx.durationS,
     warmupS: ctx.warmupS,
     connections: CONNECTIONS,
+    only: flags.only ? selected : undefined,
   },
   scenarios: {},
 };

@@ -141,3 +141,66 @@ export async function sequentialLatency(url, count, { body, keyPrefix }) {
   agent.destroy();
   return { p50Ms: percentile(times, 50), p99Ms: percentile(times, 99) };
 }
+
+/**
+ * Keeps a keyed load running while `during()` runs, and reports throughput and latency percentiles
+ * of exactly the responses that arrived meanwhile (so p99 "during a purge" covers only the purge).
+ * The load is bounded by `maxS` even if `during()` never settles.
+ */
+export async function loadDuring({ url, body, maxS = 300, connections = CONNECTIONS }, during) {
+  const prefix = `${runId}-${runCounter++}`;
+  let seq = 0;
+  const latencies = [];
+  let measuring = false;
+  let errors = 0;
+  let non2xx = 0;
+  const instance = autocannon(
+    {
+      url,
+      method: 'POST',
+      connections,
+      duration: maxS,
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+      timeout: 10,
+      requests: [
+        {
+          setupRequest(request) {
+            request.headers = { ...request.headers, 'idempotency-key': `${prefix}-${seq++}` };
+            return request;
+          },
+        },
+      ],
+    },
+    () => {},
+  );
+  instance.on('response', (_client, statusCode, _bytes, responseTimeMs) => {
+    if (!measuring) return;
+    if (statusCode >= 300) non2xx++;
+    else latencies.push(responseTimeMs);
+  });
+  instance.on('reqError', () => {
+    if (measuring) errors++;
+  });
+  // Connections open and the JIT warms before the window starts.
+  await new Promise((resolve) => setTimeout(resolve, 500));
+  measuring = true;
+  const started = performance.now();
+  let value;
+  try {
+    value = await during();
+  } finally {
+    measuring = false;
+    instance.stop();
+  }
+  const seconds = (performance.now() - started) / 1000;
+  return {
+    value,
+    seconds,
+    rps: latencies.length / seconds,
+    p50Ms: percentile(latencies, 50),
+    p99Ms: percentile(latencies, 99),
+    non2xx,
+    errors,
+  };
+}

@@ -34,7 +34,8 @@ export async function measureSet(entries, { rounds, durationS, warmupS, log }) {
 
 /** A target line for the report: `value op target`, with whether it is met. */
 export function target(name, value, op, goal) {
-  const met = Number.isFinite(value) ? (op === '>=' ? value >= goal : value <= goal) : false;
+  const compare = { '>=': (v) => v >= goal, '<=': (v) => v <= goal, '==': (v) => v === goal }[op];
+  const met = Number.isFinite(value) ? compare(value) : false;
   return { name, value: Number.isFinite(value) ? Number(value.toFixed(3)) : null, op, target: goal, met };
 }
 

@@ -33,20 +33,30 @@ export function markdown(results) {
     out.push(`### ${scenario.title}`, '');
     if (scenario.error) out.push(`Failed: \`${scenario.error}\``, '');
     if (scenario.table?.rows.length) out.push(table(scenario.table), '');
+    for (const extra of scenario.tables ?? []) {
+      if (extra.caption) out.push(extra.caption, '');
+      if (extra.rows.length) out.push(table(extra), '');
+    }
     for (const note of scenario.notes ?? []) out.push(`- ${note}`);
     if (scenario.notes?.length) out.push('');
   }
   return `${out.join('\n').trimEnd()}\n`;
 }
 
-/** Writes `<date>.json`, `<date>.md` and `latest.md` (the one the README embeds). */
+/**
+ * A complete full run writes `<date>.json`, `<date>.md` and `latest.md` (the README embeds it). A
+ * quick or partial run writes under `local/` (not committed), so it never replaces those.
+ */
 export async function writeResults(results, dir) {
-  await mkdir(dir, { recursive: true });
+  const { quick, only } = results.settings;
+  const complete = !quick && !only;
+  const target = complete ? dir : path.join(dir, 'local');
+  await mkdir(target, { recursive: true });
   const md = markdown(results);
-  const suffix = results.settings.quick ? '-quick' : '';
-  const base = path.join(dir, `${results.date}${suffix}`);
+  const suffix = `${quick ? '-quick' : ''}${only ? `-${only.join('-')}` : ''}`;
+  const base = path.join(target, `${results.date}${suffix}`);
   await writeFile(`${base}.json`, `${JSON.stringify(results, null, 2)}\n`);
   await writeFile(`${base}.md`, md);
-  await writeFile(path.join(dir, results.settings.quick ? 'latest-quick.md' : 'latest.md'), md);
+  await writeFile(path.join(target, 'latest.md'), md);
   return { json: `${base}.json`, md: `${base}.md` };
 }

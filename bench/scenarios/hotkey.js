@@ -1,10 +1,11 @@
 import { burst, sequentialLatency } from '../lib/load.js';
 import { LOAN, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
-import { round2 } from '../lib/measure.js';
+import { round2, target } from '../lib/measure.js';
 
 export async function run(ctx) {
   const concurrent = 1000;
   const rows = [];
+  const targets = [];
   for (const variant of VARIANTS) {
     let server;
     try {
@@ -14,6 +15,7 @@ export async function run(ctx) {
         body: LOAN,
         keyPrefix: `${ctx.runId}-hot-single-${variant.id}`,
       });
+      const unkeyed = await burst(url, concurrent, { body: LOAN });
       const before = await server.countLoans();
       const hot = await burst(url, concurrent, {
         body: LOAN,
@@ -23,6 +25,21 @@ export async function run(ctx) {
       const statuses = {};
       for (const r of hot.responses) statuses[r.status] = (statuses[r.status] ?? 0) + 1;
       const bodies = new Set(hot.responses.filter((r) => r.status < 300).map((r) => r.text));
+      const counts = new Map();
+      for (const r of hot.responses) {
+        const shape = `${r.status} ${r.text}`;
+        counts.set(shape, (counts.get(shape) ?? 0) + 1);
+      }
+      const identical = Math.max(0, ...counts.values());
+      targets.push(
+        target(`hot key: ${variant.label}: executions`, executions, '==', 1),
+        target(
+          `hot key: ${variant.label}: identical responses of ${concurrent}`,
+          identical,
+          '==',
+          concurrent,
+        ),
+      );
       rows.push([
         variant.label,
         executions,
@@ -31,12 +48,22 @@ export async function run(ctx) {
           .join(', ') + (hot.failures.length ? `, ${hot.failures.length} failed (${hot.failures[0]})` : ''),
         bodies.size,
         Math.round(hot.drainMs),
+        Math.round(unkeyed.drainMs),
         round2(single.p50Ms),
         round2(hot.drainMs / single.p50Ms),
       ]);
       ctx.log(`  ${variant.id}: ${JSON.stringify(rows.at(-1))}`);
     } catch (error) {
-      rows.push([variant.label, `failed: ${error.message.slice(0, 160)}`, null, null, null, null, null]);
+      rows.push([
+        variant.label,
+        `failed: ${error.message.slice(0, 160)}`,
+        null,
+        null,
+        null,
+        null,
+        null,
+        null,
+      ]);
       ctx.log(`  ${variant.id} failed: ${error.message}`);
     } finally {
       await server?.stop();
@@ -57,8 +84,8 @@ export async function run(ctx) {
       rows,
     },
     notes: [
-      `${concurrent} requests with the same key and body, each on its own connection, started together; "loans created" counts rows in the loan table before and after. One request p50 is of sequential requests with fresh keys on one keep-alive connection.`,
+      `${concurrent} requests with the same key and body, each on its own connection, started together; "loans created" counts rows in the loan table before and after. One request p50 is of sequential requests with fresh keys on one keep-alive connection. The same burst without a key (${concurrent} new loans) is the reference for what opening ${concurrent} connections at once costs.`,
     ],
-    targets: [],
+    targets,
   };
 }

@@ -105,7 +105,7 @@ const contenders = {
 
   'retrysafe-sqlite': async () => {
     const { sqliteStore } = await import('retrysafe/sqlite');
-    return retrysafe(sqliteStore({ path: SQLITE_FILE }));
+    return retrysafe(sqliteStore({ filename: SQLITE_FILE }));
   },
 };
 

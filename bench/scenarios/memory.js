@@ -1,0 +1,70 @@
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { load } from '../lib/load.js';
+import { round2 } from '../lib/measure.js';
+import { startServer } from '../lib/proc.js';
+
+const APP = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/express-app.js');
+const MB = 1024 * 1024;
+
+export async function run(ctx) {
+  const total = ctx.quick ? 20_000 : 200_000;
+  const rows = [];
+  for (const contender of ['retrysafe-sqlite', 'bare']) {
+    let server;
+    try {
+      server = await startServer(APP, {
+        env: {
+          CONTENDER: contender,
+          RUN_ID: ctx.runId,
+          SQLITE_FILE: path.join(ctx.tmpDir, `memory-${contender}.db`),
+        },
+        execArgv: ['--expose-gc'],
+      });
+      const url = `${server.url}/orders`;
+      const body = { item: 'book', qty: 1 };
+      await load({ url, body, keyed: true, amount: 5000 });
+      const before = await server.ask({ cmd: 'stats' });
+      const started = performance.now();
+      const result = await load({ url, body, keyed: true, amount: total });
+      const seconds = (performance.now() - started) / 1000;
+      const after = await server.ask({ cmd: 'stats' });
+      rows.push([
+        contender === 'bare' ? 'bare Express (reference)' : 'retrysafe (SQLite store)',
+        result.ok,
+        round2(seconds),
+        round2(before.rssBytes / MB),
+        round2(after.rssBytes / MB),
+        round2((after.rssBytes - before.rssBytes) / MB),
+        `${round2(before.heapUsedBytes / MB)} → ${round2(after.heapUsedBytes / MB)}`,
+        `${result.non2xx}/${result.errors}`,
+      ]);
+      ctx.log(`  ${contender}: ${JSON.stringify(rows.at(-1))}`);
+    } catch (error) {
+      rows.push([contender, `failed: ${error.message.slice(0, 200)}`, null, null, null, null, null, null]);
+      ctx.log(`  ${contender} failed: ${error.message}`);
+    } finally {
+      await server?.stop();
+    }
+  }
+  return {
+    title: `Memory: RSS before and after ${total / 1000}k unique-key requests`,
+    table: {
+      columns: [
+        'server',
+        '2xx responses',
+        'seconds',
+        'RSS MB before',
+        'RSS MB after',
+        'RSS growth MB',
+        'heap used MB (after GC)',
+        'non-2xx/errors',
+      ],
+      rows,
+    },
+    notes: [
+      'The same Express app as the peers scenario; "before" is after 5,000 warm-up requests, both readings after a forced GC (--expose-gc). The bare app shows what Express and the runtime grow by on their own.',
+    ],
+    targets: [],
+  };
+}

@@ -1,0 +1,163 @@
+// A store under growth: pre-fills it with bulk SQL, times claim+complete through the store's own
+// API, and serves POST /orders through retrysafe/node so a purge can run while traffic flows.
+// KIND=sqlite (SQLITE_FILE) or KIND=postgres (PG_URL, PG_SCHEMA). Commands arrive over IPC.
+import { randomBytes, randomUUID } from 'node:crypto';
+import http from 'node:http';
+import Database from 'better-sqlite3';
+import pg from 'pg';
+import { idempotency } from 'retrysafe/node';
+import { percentile } from '../lib/load.js';
+import { serveCommands } from '../lib/proc.js';
+
+const KIND = process.env.KIND;
+const DAY_MS = 24 * 60 * 60 * 1000;
+/** Rows per bulk statement: big enough to be fast, small enough to stop near a deadline. */
+const SQLITE_CHUNK = 250_000;
+const PG_CHUNK = 500_000;
+const RESPONSE = { status: 201, headers: { 'content-type': 'application/json' } };
+
+async function openStore() {
+  if (KIND === 'sqlite') {
+    const { sqliteStore } = await import('retrysafe/sqlite');
+    const store = sqliteStore({ filename: process.env.SQLITE_FILE });
+    // A second connection for the bulk fill, with a large cache: the fill is setup, not measured.
+    const filler = new Database(process.env.SQLITE_FILE);
+    filler.pragma('cache_size = -1000000');
+    const insert =
+      filler.prepare(`WITH RECURSIVE g(n) AS (SELECT @start UNION ALL SELECT n + 1 FROM g WHERE n < @end)
+      INSERT INTO idempotency_keys (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms,
+        completed_at_ms, status, headers, body)
+      SELECT '', CASE WHEN @step = 0 THEN lower(hex(randomblob(16)))
+          ELSE printf('%012x', @offset + n * @step) || lower(hex(randomblob(10))) END, lower(hex(randomblob(32))),
+        'fill', @createdMs, @createdMs, @expiresMs, @createdMs, 201, '{"content-type":"application/json"}',
+        CAST('{"id":' || n || ',"member":"U-1001","isbn":"K-01"}' AS BLOB) FROM g`);
+    return {
+      store,
+      chunk: SQLITE_CHUNK,
+      bulk: async (start, end, step, offset, createdMs, expiresMs) =>
+        insert.run({ start, end, step, offset, createdMs, expiresMs }),
+      // The WAL the bulk fill left is checkpointed now, not during the timed claims.
+      settle: async () => filler.pragma('wal_checkpoint(TRUNCATE)'),
+      close: () => filler.close(),
+    };
+  }
+  const { postgresStore } = await import('retrysafe/postgres');
+  const schema = process.env.PG_SCHEMA;
+  const store = postgresStore({ connectionString: process.env.PG_URL, schema });
+  await store.migrate();
+  const client = new pg.Client({ connectionString: process.env.PG_URL });
+  await client.connect();
+  return {
+    store,
+    chunk: PG_CHUNK,
+    bulk: (start, end, step, offset, createdMs, expiresMs) =>
+      client.query(
+        `INSERT INTO "${schema}".idempotency_keys (scope, key, fingerprint, token, lease_until_ms, created_at_ms,
+          expires_at_ms, completed_at_ms, status, headers, body)
+        SELECT '', CASE WHEN $3::bigint = 0 THEN md5(random()::text || g)
+            ELSE lpad(to_hex($4::bigint + g * $3::bigint), 12, '0') || substr(md5(random()::text), 1, 20) END,
+          md5(random()::text) || md5(g::text), 'fill', $5, $5, $6, $5, 201, '{"content-type":"application/json"}',
+          convert_to('{"id":' || g || ',"member":"U-1001","isbn":"K-01"}', 'UTF8')
+        FROM generate_series($1::bigint, $2::bigint) g`,
+        [start, end, step, offset, createdMs, expiresMs],
+      ),
+    // A bulk fill leaves dirty buffers, a WAL backlog and an autovacuum due; a table that grew
+    // over days would have none of them, so they are paid here, not during the timed claims.
+    settle: async () => {
+      await client.query(`VACUUM (ANALYZE) "${schema}".idempotency_keys`);
+      await client.query('CHECKPOINT');
+    },
+    close: () => client.end(),
+  };
+}
+
+const opened = await openStore();
+const { store } = opened;
+let stored = 0;
+
+// A growth fill spreads its keys evenly over the whole key space (12 hex digits, then random ones)
+// and inserts them in ascending order: every new key lands between existing ones, as random client
+// keys would, but the index is walked in order, which lets a 10M fill fit the run's time budget.
+// The expired records for the purge get truly random keys: a purge deletes in expiry order, and
+// key order correlated with it would make its index deletes unrealistically local.
+const KEY_SPACE = 2 ** 48;
+
+async function fill(rows, expiresInMs, deadlineMs, { ordered }) {
+  const step = ordered ? Math.floor(KEY_SPACE / Math.max(rows, 1)) : 0;
+  const offset = Math.floor(Math.random() * step);
+  let done = 0;
+  while (done < rows && Date.now() < deadlineMs) {
+    const now = Date.now();
+    const n = Math.min(opened.chunk, rows - done);
+    await opened.bulk(
+      done,
+      done + n - 1,
+      step,
+      offset,
+      expiresInMs < 0 ? now - DAY_MS : now,
+      now + expiresInMs,
+    );
+    done += n;
+  }
+  return done;
+}
+
+const guard = idempotency({ store });
+const server = http.createServer(
+  guard((_req, res) => {
+    res.writeHead(201, { 'content-type': 'application/json' }).end(JSON.stringify({ id: randomUUID() }));
+  }),
+);
+server.listen(0, '127.0.0.1', () => process.send({ ready: server.address().port }));
+
+serveCommands({
+  /** Adds live (unexpired, completed) records until `total` are stored or the deadline passes. */
+  async fill({ total, deadlineMs }) {
+    const started = performance.now();
+    stored += await fill(total - stored, 30 * DAY_MS, deadlineMs, { ordered: true });
+    await opened.settle();
+    return { stored, ms: performance.now() - started };
+  },
+  /** Adds `count` completed records whose retention has already passed. */
+  async fillExpired({ count, deadlineMs }) {
+    const started = performance.now();
+    const added = await fill(count, -60_000, deadlineMs, { ordered: false });
+    await opened.settle();
+    return { added, ms: performance.now() - started };
+  },
+  /** `n` sequential claim + complete pairs on fresh keys, timed one by one. */
+  async measure({ n }) {
+    const times = [];
+    const body = Buffer.from(JSON.stringify({ id: 1, member: 'U-1001', isbn: 'K-01' }));
+    // The first pairs open pool connections and prepare statements; they are not timed.
+    for (let i = -Math.min(50, n); i < n; i++) {
+      const key = randomUUID();
+      const started = performance.now();
+      const claim = await store.claim({
+        scope: '',
+        key,
+        fingerprint: randomBytes(32).toString('hex'),
+        leaseMs: 30_000,
+        ttlMs: 30 * DAY_MS,
+      });
+      if (claim.outcome !== 'acquired') throw new Error(`claim of a fresh key answered ${claim.outcome}`);
+      await store.complete('', key, claim.token, { ...RESPONSE, body });
+      if (i >= 0) times.push(performance.now() - started);
+    }
+    stored += n + Math.min(50, n);
+    return { p50Ms: percentile(times, 50), p99Ms: percentile(times, 99) };
+  },
+  async purge() {
+    const started = performance.now();
+    const deleted = await store.purgeExpired();
+    return { deleted, ms: performance.now() - started };
+  },
+});
+
+process.on('SIGTERM', async () => {
+  server.close();
+  server.closeAllConnections();
+  await store.close().catch(() => {});
+  await opened.close();
+  process.exit(0);
+});
