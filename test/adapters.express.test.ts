@@ -1,5 +1,6 @@
 import http from 'node:http';
 import { createRequire } from 'node:module';
+import { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import express5, { type NextFunction, type Request, type Response } from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -179,6 +180,10 @@ describe('express specifics', () => {
             idempotency({ store, required: true, renderErrors: false }),
             echo,
           );
+          a.post('/piped', idempotency({ store }), (_req, res) => {
+            res.status(201).type('text/plain');
+            Readable.from(['one ', 'two ', 'three']).pipe(res);
+          });
           a.post('/validation', express.json(), idempotency({ store }), () => {
             throw Object.assign(new Error('bad isbn'), { status: 422 });
           });
@@ -227,6 +232,15 @@ describe('express specifics', () => {
         const generic = await post(app, '/next-errors');
         expect(generic.status).toBe(400);
         expect(JSON.parse(generic.text)).toEqual({ error: 'app_error' });
+      });
+
+      it('a stream piped into res is captured and replayed', async () => {
+        const first = await post(app, '/piped', `piped-${version}`);
+        expect([first.status, first.text]).toEqual([201, 'one two three']);
+        const replay = await post(app, '/piped', `piped-${version}`);
+        expect(replay.headers.get('idempotency-replayed')).toBe('true');
+        expect(replay.text).toBe('one two three');
+        expect(replay.headers.get('content-type')).toBe(first.headers.get('content-type'));
       });
 
       it('a 4xx the error middleware renders for a thrown error is what is stored and replayed', async () => {

@@ -5,6 +5,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { serve } from '@hono/node-server';
 import { type Context, Hono } from 'hono';
 import { HTTPException } from 'hono/http-exception';
+import { streamText } from 'hono/streaming';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import { afterAll, describe, expect, it } from 'vitest';
 import { type IdempotencyVariables, idempotency } from '../src/adapters/hono.js';
@@ -104,6 +105,16 @@ describe('hono specifics', () => {
   app.post('/required', echo);
   app.post('/optional', echo);
   app.post('/custom-errors', echo);
+  app.use('/streamed', idempotency({ store }));
+  app.post('/streamed', (c) =>
+    streamText(c, async (stream) => {
+      count++;
+      for (const word of ['one ', 'two ', `${count}`]) {
+        await stream.write(word);
+        await stream.sleep(5);
+      }
+    }),
+  );
   app.post('/validation', () => {
     throw new HTTPException(422, { message: 'bad isbn' });
   });
@@ -154,6 +165,15 @@ describe('hono specifics', () => {
     const reply = await call('/custom-errors');
     expect(reply.status).toBe(400);
     expect(await reply.json()).toEqual({ custom: 'idempotency_key_missing' });
+  });
+
+  it("a body written later by hono/streaming's streamText is captured and replayed", async () => {
+    const first = await call('/streamed', 'stream-1');
+    const text = await first.text();
+    expect(text).toMatch(/^one two \d+$/);
+    const replay = await call('/streamed', 'stream-1');
+    expect(replay.headers.get('idempotency-replayed')).toBe('true');
+    expect(await replay.text()).toBe(text);
   });
 
   it('an HTTPException the handler throws releases the key, whatever its status', async () => {
