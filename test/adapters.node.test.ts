@@ -1,6 +1,8 @@
 import http, { type IncomingMessage } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
+import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,
   describeAdapterConformance,
@@ -9,6 +11,7 @@ import {
   paced,
   plan,
   postgres,
+  type RunningApp,
   redis,
   sqlite,
 } from './conformance/adapter-suite.js';
@@ -47,3 +50,54 @@ const nodeAdapter: AdapterUnderTest = {
 };
 
 describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, redis]);
+
+describe('node specifics', () => {
+  const store = memoryStore();
+  let app: RunningApp;
+  let calls = 0;
+  beforeAll(async () => {
+    const guard = idempotency({ store });
+    app = await listen(
+      http.createServer(
+        guard(async (req, res) => {
+          calls++;
+          res.setHeader('set-cookie', 'sid=1');
+          res.setHeader('location', '/x/1');
+          if (req.url === '/throw-after-headers') throw new Error('boom');
+          res.statusCode = 201;
+          res.flushHeaders();
+          res.write('early ');
+          await sleep(5);
+          res.end(`late ${calls}`);
+        }),
+      ),
+      {},
+    );
+  });
+  afterAll(async () => {
+    await app.close();
+    await store.close();
+  });
+
+  const post = (path: string, key: string) =>
+    fetch(app.url + path, { method: 'POST', headers: { 'idempotency-key': key }, body: 'x' });
+
+  it('flushHeaders() does not send the status before the response is saved', async () => {
+    const first = await post('/flush', 'flush-1');
+    expect([first.status, await first.text()]).toEqual([201, 'early late 1']);
+    const replay = await post('/flush', 'flush-1');
+    expect(replay.headers.get('idempotency-replayed')).toBe('true');
+    expect(await replay.text()).toBe('early late 1');
+  });
+
+  it('a handler that throws after setting headers answers 500 without them, and frees the key', async () => {
+    const failed = await post('/throw-after-headers', 'headers-1');
+    expect(failed.status).toBe(500);
+    expect(await failed.json()).toMatchObject({ error: 'internal_error' });
+    expect(failed.headers.get('set-cookie')).toBeNull();
+    expect(failed.headers.get('location')).toBeNull();
+    const before = calls;
+    expect((await post('/throw-after-headers', 'headers-1')).status).toBe(500);
+    expect(calls).toBe(before + 1);
+  });
+});
