@@ -29,7 +29,8 @@ export function parseIdempotencyKey(
     if (header.length > 1) return { ok: false, reason: 'the Idempotency-Key header appears more than once' };
     header = header[0] as string;
   }
-  const raw = header.trim();
+  // HTTP strips only spaces and tabs around a field value; String#trim would also eat Unicode spaces.
+  const raw = header.replace(/^[ \t]+|[ \t]+$/g, '');
   if (raw === '') return { ok: false, reason: 'the Idempotency-Key header is empty' };
   let key: string;
   if (raw.startsWith('"')) {
