@@ -105,6 +105,10 @@ describeAdapterConformance(expressAdapter('express 4 (no body parser)', express4
   memory,
   sqlite,
 ]);
+describeAdapterConformance(expressAdapter('express 4 (express.json() first)', express4, true, false), [
+  memory,
+]);
+describeAdapterConformance(expressAdapter('express 5 (no body parser)', express5, false, true), [memory]);
 
 describe('express specifics', () => {
   const store = memoryStore();
