@@ -357,7 +357,9 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it('purgeExpired deletes expired records in batches and keeps live ones', async () => {
-        const expiring = { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS };
+        // Longer than SHORT_MS: creating eleven records takes a while on a loaded machine, and
+        // none may expire before the last one exists.
+        const expiring = { leaseMs: SHORT_MS * 2, ttlMs: SHORT_MS * 5 };
         await store.purgeExpired();
         const expiredCompleted = Array.from({ length: 7 }, () => fresh('fp-a', expiring));
         for (const input of expiredCompleted) {
@@ -380,7 +382,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         await acquire(liveInProgress);
         const liveLease = fresh('fp-a', { leaseMs: 60_000, ttlMs: SHORT_MS });
         await acquire(liveLease);
-        await sleep(SHORT_MS * 2);
+        await sleep(SHORT_MS * 6);
 
         const deleted = await store.purgeExpired(3);
         if (subject.expiresNatively) {
