@@ -7,6 +7,8 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/faults/**/*.test.ts'],
+    // Builds dist/ when stale: the loan desk runs as a child process importing `retrysafe/*` from there.
+    globalSetup: ['test/support/build.ts'],
     testTimeout: 60_000,
     hookTimeout: 60_000,
     fileParallelism: false,

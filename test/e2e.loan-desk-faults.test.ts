@@ -339,7 +339,7 @@ describe('loan desk on SQLite', () => {
     }
   });
 
-  it('lease mode: when the handler fails the key is released and the retry runs again', async () => {
+  it('lease mode: a loan the locked database refuses is 503, the key is released and the retry runs again', async () => {
     const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: 'memory' } });
     try {
       const k = key('OD');
@@ -351,8 +351,8 @@ describe('loan desk on SQLite', () => {
       } finally {
         unlock();
       }
-      expect(failed.status).toBe(500);
-      expect(failed.body.error).toBe('internal_error');
+      expect(failed.status).toBe(503);
+      expect(failed.body.error).toBe('database_unavailable');
       const retry = await postLoan(desk.baseUrl, body, { key: k });
       expect(retry.status).toBe(201);
       expect(retry.headers.get('idempotency-replayed')).toBeNull();

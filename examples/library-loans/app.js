@@ -15,6 +15,11 @@ function send(res, status, payload, headers = {}) {
   res.end(JSON.stringify(payload));
 }
 
+function databaseUnavailable(res, doing, error) {
+  console.error(`loan desk: ${doing} failed:`, error.message);
+  send(res, 503, { error: 'database_unavailable', message: 'The database did not answer; try again.' });
+}
+
 /**
  * The caller's bearer token names its key scope: two callers sending the same key string name two
  * operations. Only a digest of the token is kept in the key store, never the token itself.
@@ -87,7 +92,14 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, requir
   const createLoan = guard(async function createLoan(req, res, idem) {
     const { loan, problem } = parseLoan(req.body);
     if (problem) return send(res, 400, problem);
-    const result = await database.createLoan(loan, idem?.tx);
+    let result;
+    try {
+      result = await database.createLoan(loan, idem?.tx);
+    } catch (error) {
+      // A 5xx is not kept: the key is released (lease mode) or the transaction rolled back (atomic
+      // mode), so the client's retry with the same key lends the book once the database is back.
+      return databaseUnavailable(res, 'lending', error);
+    }
     if (result.missing) {
       return send(res, 422, {
         error: 'validation',
@@ -105,8 +117,7 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, requir
       if (found === undefined) return send(res, 404, { error: 'loan_not_found' });
       send(res, 200, found);
     } catch (error) {
-      console.error('loan desk: read failed', error);
-      send(res, 503, { error: 'database_unavailable', message: 'The database did not answer; try again.' });
+      databaseUnavailable(res, 'reading', error);
     }
   }
 
