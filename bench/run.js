@@ -49,8 +49,8 @@ const tmpDir = await mkdtemp(path.join(os.tmpdir(), 'rsbench-'));
 const ctx = {
   quick: flags.quick,
   rounds: flags.quick ? 1 : 3,
-  durationS: flags.quick ? 1 : 4,
-  warmupS: flags.quick ? 0.5 : 1,
+  durationS: flags.quick ? 1 : 3,
+  warmupS: flags.quick ? 0.25 : 1,
   runId,
   tmpDir,
   profileDir: flags.profile ? path.join(here, 'profiles') : undefined,

@@ -8,7 +8,7 @@ const APP = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/
 const MB = 1024 * 1024;
 
 export async function run(ctx) {
-  const total = ctx.quick ? 20_000 : 200_000;
+  const total = ctx.quick ? 10_000 : 200_000;
   const rows = [];
   for (const contender of ['retrysafe-sqlite', 'bare']) {
     let server;
