@@ -48,8 +48,8 @@ setRunId(runId);
 const tmpDir = await mkdtemp(path.join(os.tmpdir(), 'rsbench-'));
 const ctx = {
   quick: flags.quick,
-  rounds: flags.quick ? 1 : 3,
-  durationS: flags.quick ? 1 : 3,
+  rounds: flags.quick ? 1 : 5,
+  durationS: flags.quick ? 1 : 2,
   warmupS: flags.quick ? 0.25 : 1,
   runId,
   tmpDir,

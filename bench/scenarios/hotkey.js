@@ -78,6 +78,7 @@ export async function run(ctx) {
         'statuses',
         'distinct 2xx bodies',
         'drain ms',
+        `drain ms, ${concurrent} without key`,
         'one request p50 ms',
         'drain ÷ one request',
       ],

@@ -149,6 +149,7 @@ export async function run(ctx) {
         m?.p50Ms,
         m?.p99Ms,
         m ? `${m.non2xx}/${m.errors}` : null,
+        m ? m.rounds.join(', ') : null,
         p ? `${p.executions} of ${DUPLICATES}` : null,
         p
           ? Object.entries(p.statuses)
@@ -171,6 +172,7 @@ export async function run(ctx) {
           'p50 ms',
           'p99 ms',
           'non-2xx/errors',
+          'req/s per round',
           'executions of 20 concurrent duplicates',
           'their statuses',
           'plain retry after success',
