@@ -49,7 +49,7 @@ const tmpDir = await mkdtemp(path.join(os.tmpdir(), 'rsbench-'));
 const ctx = {
   quick: flags.quick,
   rounds: flags.quick ? 1 : 5,
-  durationS: flags.quick ? 1 : 2,
+  durationS: flags.quick ? 0.5 : 2,
   warmupS: flags.quick ? 0.25 : 1,
   runId,
   tmpDir,

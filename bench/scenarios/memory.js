@@ -8,7 +8,7 @@ const APP = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/
 const MB = 1024 * 1024;
 
 export async function run(ctx) {
-  const total = ctx.quick ? 10_000 : 200_000;
+  const total = ctx.quick ? 5_000 : 200_000;
   const rows = [];
   for (const contender of ['retrysafe-sqlite', 'bare']) {
     let server;
@@ -23,7 +23,7 @@ export async function run(ctx) {
       });
       const url = `${server.url}/orders`;
       const body = { item: 'book', qty: 1 };
-      await load({ url, body, keyed: true, amount: 5000 });
+      await load({ url, body, keyed: true, amount: ctx.quick ? 1000 : 5000 });
       const before = await server.ask({ cmd: 'stats' });
       const started = performance.now();
       const result = await load({ url, body, keyed: true, amount: total });
@@ -63,7 +63,7 @@ export async function run(ctx) {
       rows,
     },
     notes: [
-      'The same Express app as the peers scenario; "before" is after 5,000 warm-up requests, both readings after a forced GC (--expose-gc). The bare app shows what Express and the runtime grow by on their own.',
+      'The same Express app as the peers scenario; "before" is after 5,000 warm-up requests (1,000 with --quick), both readings after a forced GC (--expose-gc). The bare app shows what Express and the runtime grow by on their own.',
     ],
     targets: [],
   };
