@@ -17,6 +17,8 @@ export function percentile(values, p) {
   return sorted[Math.min(sorted.length - 1, Math.ceil((p / 100) * sorted.length) - 1)];
 }
 
+const ms3 = (value) => (Number.isFinite(value) ? Number(value.toFixed(3)) : value);
+
 let runCounter = 0;
 let runId = `rsbench-${process.pid}`;
 
@@ -66,13 +68,20 @@ export async function load({
   };
   if (amount) options.amount = amount;
   else options.duration = durationS;
-  const result = await autocannon(options);
+  // autocannon's own histogram has 1 ms resolution; these are the exact latencies of 2xx answers.
+  const latencies = [];
+  const result = await new Promise((resolve, reject) => {
+    const instance = autocannon(options, (error, done) => (error ? reject(error) : resolve(done)));
+    instance.on('response', (_client, statusCode, _bytes, responseTimeMs) => {
+      if (statusCode < 300) latencies.push(responseTimeMs);
+    });
+  });
   const seconds = result.duration;
   const ok = result['2xx'];
   return {
     rps: ok / seconds,
-    p50Ms: result.latency.p50,
-    p99Ms: result.latency.p99,
+    p50Ms: ms3(percentile(latencies, 50)),
+    p99Ms: ms3(percentile(latencies, 99)),
     requests: result.requests.total,
     ok,
     non2xx: result.non2xx,
@@ -198,8 +207,8 @@ export async function loadDuring({ url, body, maxS = 300, connections = CONNECTI
     value,
     seconds,
     rps: latencies.length / seconds,
-    p50Ms: percentile(latencies, 50),
-    p99Ms: percentile(latencies, 99),
+    p50Ms: ms3(percentile(latencies, 50)),
+    p99Ms: ms3(percentile(latencies, 99)),
     non2xx,
     errors,
   };

@@ -43,8 +43,8 @@ export async function run(ctx) {
               Math.round(base.rps),
               Math.round(keyed.rps),
               round2(ratio),
-              `${base.p50Ms} / ${keyed.p50Ms}`,
-              `${base.p99Ms} / ${keyed.p99Ms}`,
+              `${round2(base.p50Ms)} / ${round2(keyed.p50Ms)}`,
+              `${round2(base.p99Ms)} / ${round2(keyed.p99Ms)}`,
               `${base.non2xx + keyed.non2xx}/${base.errors + keyed.errors}`,
             ]
           : [

@@ -146,8 +146,8 @@ export async function run(ctx) {
             ? `unavailable: ${unavailable.get(contender.id).slice(0, 120)}`
             : null,
         round2(ratio),
-        m?.p50Ms,
-        m?.p99Ms,
+        round2(m?.p50Ms),
+        round2(m?.p99Ms),
         m ? `${m.non2xx}/${m.errors}` : null,
         m ? m.rounds.join(', ') : null,
         p ? `${p.executions} of ${DUPLICATES}` : null,

@@ -58,8 +58,8 @@ export async function run(ctx) {
               Math.round(read.rps),
               Math.round(replay.rps),
               round2(ratio),
-              `${read.p50Ms} / ${replay.p50Ms}`,
-              `${read.p99Ms} / ${replay.p99Ms}`,
+              `${round2(read.p50Ms)} / ${round2(replay.p50Ms)}`,
+              `${round2(read.p99Ms)} / ${round2(replay.p99Ms)}`,
               `${read.non2xx + replay.non2xx}/${read.errors + replay.errors}`,
             ]
           : [
