@@ -138,6 +138,48 @@ export interface Idempotency<Req = unknown, Tx = unknown> {
 }
 
 const MiB = 1024 * 1024;
+
+/**
+ * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending
+ * call (armed only while calls are pending): a timer per store call cost more than the call itself.
+ */
+function deadlineGuard(timeoutMs: number, message: string) {
+  const pending = new Set<{ deadlineMs: number; reject: (error: Error) => void }>();
+  let sweeper: NodeJS.Timeout | undefined;
+  const sweep = () => {
+    const now = Date.now();
+    for (const call of pending) {
+      if (call.deadlineMs <= now) {
+        pending.delete(call);
+        call.reject(new Error(message));
+      }
+    }
+    if (pending.size === 0) {
+      clearInterval(sweeper);
+      sweeper = undefined;
+    }
+  };
+  return function guard<T>(promise: Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const call = { deadlineMs: Date.now() + timeoutMs, reject };
+      pending.add(call);
+      if (!sweeper) {
+        sweeper = setInterval(sweep, Math.max(1, Math.min(100, Math.floor(timeoutMs / 4))));
+        sweeper.unref();
+      }
+      promise.then(
+        (value) => {
+          pending.delete(call);
+          resolve(value);
+        },
+        (error) => {
+          pending.delete(call);
+          reject(error);
+        },
+      );
+    });
+  };
+}
 // A duplicate polls no slower than this while it waits, so a missed notification costs little.
 const MAX_WAIT_SLICE_MS = 1000;
 
@@ -239,16 +281,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     );
   }
 
-  function guard<T>(promise: Promise<T>): Promise<T> {
-    let timer: NodeJS.Timeout | undefined;
-    const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(
-        () => reject(new Error(`${store.name} store did not answer within ${storeTimeoutMs} ms`)),
-        storeTimeoutMs,
-      );
-    });
-    return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
-  }
+  const guard = deadlineGuard(
+    storeTimeoutMs,
+    `${store.name} store did not answer within ${storeTimeoutMs} ms`,
+  );
 
   function replayOrError(stored: StoredResponse, key: string): Outcome {
     try {

@@ -20,11 +20,12 @@ const JSON_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
  * order and whitespace do not make two equal requests differ; any other body is hashed as bytes.
  */
 export function fingerprint(input: FingerprintInput, mapBody?: FingerprintBody): string {
-  const hash = createHash('sha256').update(`${input.method.toUpperCase()}\n${input.path}\n`);
+  const head = `${input.method.toUpperCase()}\n${input.path}\n`;
   const canonical =
     input.contentType && JSON_TYPE.test(input.contentType) ? canonicalJson(input.body, mapBody) : undefined;
-  if (canonical === undefined) hash.update('bytes\n').update(input.body);
-  else hash.update('json\n').update(canonical);
+  const hash = createHash('sha256');
+  if (canonical === undefined) hash.update(`${head}bytes\n`).update(input.body);
+  else hash.update(`${head}json\n${canonical}`);
   return hash.digest('hex');
 }
 
