@@ -8,7 +8,7 @@ import {
   type IdempotencyContext,
   type IdempotencyOptions,
 } from '../core/index.js';
-import { BODY_TOO_LARGE, capture, readBody, resetHeaders, send } from './node-http.js';
+import { BODY_TOO_LARGE, capture, keyHeaderOf, readBody, resetHeaders, send } from './node-http.js';
 
 declare global {
   namespace Express {
@@ -58,7 +58,7 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
       {
         method: req.method,
         path: req.originalUrl,
-        keyHeader: req.headersDistinct['idempotency-key'],
+        keyHeader: keyHeaderOf(req),
         contentType: req.headers['content-type'],
         readBody: () => bodyOf(req, engine),
         raw: req,

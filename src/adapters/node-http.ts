@@ -25,6 +25,22 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
   });
 }
 
+/**
+ * Every `Idempotency-Key` line of the request, from the raw header list: `headersDistinct` would
+ * build an array for every header of every request just to read this one.
+ */
+export function keyHeaderOf(req: IncomingMessage): string[] | undefined {
+  let values: string[] | undefined;
+  const raw = req.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!;
+    if (name.length !== 15 || name.toLowerCase() !== 'idempotency-key') continue;
+    values = values ?? [];
+    values.push(raw[i + 1]!);
+  }
+  return values;
+}
+
 export function send(res: ServerResponse, response: StoredResponse, close = false): void {
   if (res.headersSent) return;
   if (close) res.setHeader('connection', 'close');

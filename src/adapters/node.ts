@@ -1,6 +1,14 @@
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
 import { createIdempotency, type IdempotencyContext, type IdempotencyOptions } from '../core/index.js';
-import { BODY_TOO_LARGE, capture, internalError, readBody, resetHeaders, send } from './node-http.js';
+import {
+  BODY_TOO_LARGE,
+  capture,
+  internalError,
+  keyHeaderOf,
+  readBody,
+  resetHeaders,
+  send,
+} from './node-http.js';
 
 /** The request a wrapped handler sees: the body is already read, as bytes. */
 export type BodyRequest = IncomingMessage & { body: Buffer };
@@ -45,7 +53,7 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
           {
             method: req.method ?? 'GET',
             path: req.url ?? '/',
-            keyHeader: req.headersDistinct['idempotency-key'],
+            keyHeader: keyHeaderOf(req),
             contentType: req.headers['content-type'],
             readBody: async () => body,
             raw: req,
