@@ -72,11 +72,15 @@ export interface SqliteStore extends AtomicStore<Database.Database> {
 interface RecordRow {
   fingerprint: string;
   lease_until_ms: number;
+  expires_at_ms: number;
   completed_at_ms: number | null;
   status: number | null;
   headers: string | null;
   body: Uint8Array | null;
 }
+
+/** A claim that found a record it could not take. */
+type Settled = Exclude<ClaimResult, { outcome: 'acquired' }>;
 
 type LeaseRow = Pick<RecordRow, 'lease_until_ms' | 'completed_at_ms'>;
 
@@ -190,7 +194,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
           AND ${t}.fingerprint = excluded.fingerprint)
     RETURNING token`);
   const selectRecord = db.prepare<[string, string], RecordRow>(
-    `SELECT fingerprint, lease_until_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
+    `SELECT fingerprint, lease_until_ms, expires_at_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
   );
   const selectLease = db.prepare<[string, string], LeaseRow>(
     `SELECT lease_until_ms, completed_at_ms FROM ${t} WHERE scope = ? AND key = ?`,
@@ -222,7 +226,10 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
       expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
     });
     if (inserted?.token === token) return { outcome: 'acquired', token };
-    const row = selectRecord.get(input.scope, input.key)!;
+    return existing(selectRecord.get(input.scope, input.key)!, input, nowMs);
+  });
+
+  function existing(row: RecordRow, input: ClaimInput, nowMs: number): Settled {
     if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
     if (row.completed_at_ms === null) {
       return { outcome: 'in_progress', retryAfterMs: Math.max(1, row.lease_until_ms - nowMs) };
@@ -236,7 +243,17 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
         body: new Uint8Array(body.buffer, body.byteOffset, body.byteLength),
       },
     };
-  });
+  }
+
+  // A completed record never changes until it expires, so answering a retry of it needs no write
+  // lock. Only outside a transaction: inside one, the read could see a record not committed yet.
+  function completedNow(input: ClaimInput): Settled | undefined {
+    if (db.inTransaction) return undefined;
+    const nowMs = Date.now();
+    const row = selectRecord.get(input.scope, input.key);
+    if (!row || row.completed_at_ms === null || row.expires_at_ms <= nowMs) return undefined;
+    return existing(row, input, nowMs);
+  }
 
   // IMMEDIATE takes the write lock first, so the insert and the read of the row it collided with
   // see one state even across processes. Inside an open transaction this is a savepoint.
@@ -304,6 +321,8 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     input: ClaimInput,
     work: (tx: Database.Database) => Promise<AtomicWorkResult>,
   ): Promise<AtomicResult> {
+    const completed = completedNow(input);
+    if (completed) return completed;
     try {
       return await runTransaction<AtomicResult>(async (connection) => {
         const claimed = claimNow(input);
@@ -321,7 +340,8 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   }
 
   function claim(input: ClaimInput): Promise<ClaimResult> {
-    return exclusive(() => claimNow(input));
+    const completed = completedNow(input);
+    return completed ? Promise.resolve(completed) : exclusive(() => claimNow(input));
   }
 
   async function complete(scope: string, key: string, token: string, response: StoredResponse) {
