@@ -1,7 +1,6 @@
-import { execFileSync, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync, statSync } from 'node:fs';
-import { createRequire } from 'node:module';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -212,29 +211,6 @@ describe('sqliteStore setup', () => {
 
 const root = join(import.meta.dirname, '..');
 
-/** The child processes import `retrysafe/sqlite`, i.e. dist/: build it if src is newer. */
-function ensureBuilt(): void {
-  const stale = () =>
-    ['sqlite', 'internal'].some((name) => {
-      const built = join(root, 'dist/stores', `${name}.js`);
-      try {
-        return statSync(built).mtimeMs < statSync(join(root, 'src/stores', `${name}.ts`)).mtimeMs;
-      } catch {
-        return true;
-      }
-    });
-  if (!stale()) return;
-  const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
-  let output = '';
-  try {
-    execFileSync(process.execPath, [tsc, '-p', 'tsconfig.build.json'], { cwd: root, encoding: 'utf8' });
-  } catch (error) {
-    // Errors elsewhere in src/ still emit our files; only a missing or stale output is fatal here.
-    output = String((error as { stdout?: string }).stdout ?? error);
-  }
-  if (stale()) throw new Error(`building dist/ failed:\n${output}`);
-}
-
 interface ChildOutcome {
   outcome: string;
   body?: string;
@@ -268,8 +244,8 @@ async function race(filename: string, mode: 'claim' | 'atomic', processes: numbe
 describe('sqliteStore across processes', () => {
   let filename: string;
 
+  // The children import `retrysafe/sqlite` from dist/, which test/support/build.ts keeps fresh.
   beforeAll(async () => {
-    ensureBuilt();
     filename = tempFile();
     const store = sqliteStore({ filename });
     store.database.exec('CREATE TABLE effect (pid INTEGER NOT NULL)');
