@@ -1,8 +1,5 @@
-import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { readdirSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { createRetryingFetch } from '../../src/client/index.js';
@@ -14,31 +11,13 @@ import {
   HANG_BOUND_MS,
   RECOVERY_BOUND_MS,
 } from '../support/loan-flow.js';
+import { databaseUp, pgctl } from '../support/postgres-cluster.js';
 import { hasPostgres, PG_URL, uniqueName } from '../support/services.js';
 
 /**
  * The loan desk on PostgreSQL while the cluster restarts under a steady flow of keyed loans:
  * JSON 503s during the outage, no hang, no crash, recovery by itself, one loan per intent.
  */
-
-const run = promisify(execFile);
-const CLUSTER_VERSION = hasPostgres ? (readdirSync('/etc/postgresql')[0] ?? '') : '';
-const pgctl = (action: 'restart' | 'start') =>
-  run('pg_ctlcluster', ['--skip-systemctl-redirect', CLUSTER_VERSION, 'main', action]);
-
-async function databaseUp(): Promise<boolean> {
-  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 1000 });
-  client.on('error', () => {});
-  try {
-    await client.connect();
-    await client.query('SELECT 1');
-    return true;
-  } catch {
-    return false;
-  } finally {
-    await client.end().catch(() => {});
-  }
-}
 
 describe.skipIf(!hasPostgres)('loan desk on PostgreSQL while the cluster restarts', () => {
   const schemas: string[] = [];

@@ -1,17 +1,10 @@
-import { execFile } from 'node:child_process';
-import { readdirSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../../src/core/types.js';
 import { type PostgresStore, postgresStore } from '../../src/stores/postgres.js';
+import { databaseUp, pgctl } from '../support/postgres-cluster.js';
 import { hasPostgres, PG_URL, uniqueName } from '../support/services.js';
-
-const run = promisify(execFile);
-const CLUSTER_VERSION = hasPostgres ? (readdirSync('/etc/postgresql')[0] ?? '') : '';
-const pgctl = (action: 'restart' | 'start') =>
-  run('pg_ctlcluster', ['--skip-systemctl-redirect', CLUSTER_VERSION, 'main', action]);
 
 /** The bound on "promptly" this test holds every store call to while the database is down. */
 const HANG_BOUND_MS = 5000;
@@ -36,20 +29,6 @@ async function bounded(call: () => Promise<unknown>): Promise<Outcome> {
   ]);
   clearTimeout(timer);
   return outcome;
-}
-
-async function databaseUp(): Promise<boolean> {
-  const client = new pg.Client({ connectionString: PG_URL, connectionTimeoutMillis: 1000 });
-  client.on('error', () => {});
-  try {
-    await client.connect();
-    await client.query('SELECT 1');
-    return true;
-  } catch {
-    return false;
-  } finally {
-    await client.end().catch(() => {});
-  }
 }
 
 describe.skipIf(!hasPostgres)('postgres store while the cluster restarts', () => {
