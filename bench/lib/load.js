@@ -1,4 +1,6 @@
+import { once } from 'node:events';
 import http from 'node:http';
+import net from 'node:net';
 import autocannon from 'autocannon';
 
 /** Every throughput run uses these, for every contender. */
@@ -117,20 +119,66 @@ export function request(url, { method = 'POST', body, headers = {}, agent } = {}
   });
 }
 
+/** How long a burst may take before its unanswered requests count as failures. */
+const BURST_TIMEOUT_MS = 30_000;
+
 /**
- * `count` requests started at the same moment, each on its own connection, so they all reach the
- * server before any completes. Resolves with every response and the time until the last one.
+ * `count` requests on `count` connections opened beforehand, then written in one go, so they all
+ * reach the server before any completes and the time measured is the server's, not the TCP
+ * handshakes' (1,000 simultaneous SYNs would overflow the listen backlog and wait out SYN
+ * retries). Resolves with every response and the time from the first write to the last answer.
  */
-export async function burst(url, count, options) {
-  const agent = new http.Agent({ keepAlive: false, maxSockets: Number.POSITIVE_INFINITY });
+export async function burst(url, count, { method = 'POST', body, headers = {} } = {}) {
+  const { hostname, port, pathname } = new URL(url);
+  const payload = body === undefined ? '' : JSON.stringify(body);
+  const head = [`${method} ${pathname} HTTP/1.1`, `host: ${hostname}:${port}`, 'connection: close'];
+  if (body !== undefined) head.push('content-type: application/json');
+  head.push(`content-length: ${Buffer.byteLength(payload)}`);
+  for (const [name, value] of Object.entries(headers)) head.push(`${name}: ${value}`);
+  const raw = `${head.join('\r\n')}\r\n\r\n${payload}`;
+
+  const sockets = [];
+  for (let i = 0; i < count; i += 100) {
+    const wave = Array.from({ length: Math.min(100, count - i) }, () => {
+      const socket = net.connect({ host: hostname, port: Number(port) });
+      sockets.push(socket);
+      return once(socket, 'connect');
+    });
+    await Promise.all(wave);
+  }
   const started = performance.now();
-  const settled = await Promise.allSettled(
-    Array.from({ length: count }, () => request(url, { ...options, agent })),
+  let last = started;
+  const answers = sockets.map(
+    (socket) =>
+      new Promise((resolve, reject) => {
+        const chunks = [];
+        socket.on('data', (chunk) => chunks.push(chunk));
+        socket.once('error', reject);
+        socket.once('end', () => {
+          last = Math.max(last, performance.now());
+          const text = Buffer.concat(chunks).toString();
+          const split = text.indexOf('\r\n\r\n');
+          const lines = text.slice(0, split).split('\r\n');
+          const status = Number(lines[0]?.split(' ')[1]);
+          if (!status) return reject(new Error('connection closed without a response'));
+          const responseHeaders = {};
+          for (const line of lines.slice(1)) {
+            const colon = line.indexOf(':');
+            responseHeaders[line.slice(0, colon).toLowerCase()] = line.slice(colon + 1).trim();
+          }
+          resolve({ status, headers: responseHeaders, text: text.slice(split + 4) });
+        });
+      }),
   );
-  const drainMs = performance.now() - started;
-  agent.destroy();
+  for (const socket of sockets) socket.write(raw);
+  const timer = setTimeout(() => {
+    for (const socket of sockets) socket.destroy(new Error('no response within the burst timeout'));
+  }, BURST_TIMEOUT_MS);
+  const settled = await Promise.allSettled(answers);
+  clearTimeout(timer);
+  for (const socket of sockets) socket.destroy();
   return {
-    drainMs,
+    drainMs: last - started,
     responses: settled.filter((s) => s.status === 'fulfilled').map((s) => s.value),
     failures: settled
       .filter((s) => s.status === 'rejected')
