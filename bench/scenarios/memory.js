@@ -26,18 +26,27 @@ export async function run(ctx) {
       await load({ url, body, keyed: true, amount: ctx.quick ? 1000 : 5000 });
       const before = await server.ask({ cmd: 'stats' });
       const started = performance.now();
-      const result = await load({ url, body, keyed: true, amount: total });
+      // Four quarters, with RSS read after each: bounded growth flattens, a leak keeps climbing.
+      const rssAfterMb = [];
+      let ok = 0;
+      let failed = 0;
+      for (let quarter = 0; quarter < 4; quarter++) {
+        const result = await load({ url, body, keyed: true, amount: total / 4 });
+        ok += result.ok;
+        failed += result.non2xx + result.errors;
+        rssAfterMb.push(round2((await server.ask({ cmd: 'stats' })).rssBytes / MB));
+      }
       const seconds = (performance.now() - started) / 1000;
       const after = await server.ask({ cmd: 'stats' });
       rows.push([
         contender === 'bare' ? 'bare Express (reference)' : 'retrysafe (SQLite store)',
-        result.ok,
+        ok,
         round2(seconds),
         round2(before.rssBytes / MB),
-        round2(after.rssBytes / MB),
+        rssAfterMb.join(' → '),
         round2((after.rssBytes - before.rssBytes) / MB),
         `${round2(before.heapUsedBytes / MB)} → ${round2(after.heapUsedBytes / MB)}`,
-        `${result.non2xx}/${result.errors}`,
+        failed,
       ]);
       ctx.log(`  ${contender}: ${JSON.stringify(rows.at(-1))}`);
     } catch (error) {
@@ -55,10 +64,10 @@ export async function run(ctx) {
         '2xx responses',
         'seconds',
         'RSS MB before',
-        'RSS MB after',
+        'RSS MB after each quarter',
         'RSS growth MB',
         'heap used MB (after GC)',
-        'non-2xx/errors',
+        'non-2xx + errors',
       ],
       rows,
     },
