@@ -39,7 +39,7 @@ if (!existsSync(path.join(here, 'node_modules'))) {
 }
 
 const { setRunId, CONNECTIONS } = await import('./lib/load.js');
-const { writeResults } = await import('./lib/report.js');
+const { embedInReadme, markdown, writeResults } = await import('./lib/report.js');
 const { cleanup } = await import('./lib/services.js');
 
 const started = performance.now();
@@ -107,6 +107,13 @@ try {
 results.totalSeconds = (performance.now() - started) / 1000;
 const written = await writeResults(results, path.join(here, 'results'));
 console.log(`\nwrote ${written.json} and ${written.md} in ${Math.round(results.totalSeconds)} s`);
+if (
+  !flags.quick &&
+  !flags.only &&
+  (await embedInReadme(markdown(results), path.join(here, '..', 'README.md')))
+) {
+  console.log('updated the benchmarks section of README.md');
+}
 for (const t of Object.values(results.scenarios).flatMap((s) => s.targets ?? [])) {
   console.log(`${t.met ? 'met   ' : 'MISSED'} ${t.name}: ${t.value} (target ${t.op} ${t.target})`);
 }

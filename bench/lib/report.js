@@ -1,4 +1,4 @@
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 
 const cell = (value) => (value === null || value === undefined ? '—' : String(value).replaceAll('|', '\\|'));
@@ -59,4 +59,24 @@ export async function writeResults(results, dir) {
   await writeFile(`${base}.md`, md);
   await writeFile(path.join(target, 'latest.md'), md);
   return { json: `${base}.json`, md: `${base}.md` };
+}
+
+const START = '<!-- benchmarks -->';
+const END = '<!-- /benchmarks -->';
+
+/**
+ * Puts `md` between the README's `<!-- benchmarks -->` and `<!-- /benchmarks -->` markers (the end
+ * marker is added after the start one when missing). Touches nothing else; no marker, no change.
+ */
+export async function embedInReadme(md, readmePath) {
+  const readme = await readFile(readmePath, 'utf8').catch(() => undefined);
+  const start = readme?.indexOf(START) ?? -1;
+  if (start < 0) return false;
+  const end = readme.indexOf(END, start);
+  const after =
+    end < 0
+      ? `\n${readme.slice(start + START.length).replace(/^\r?\n/, '')}`
+      : readme.slice(end + END.length);
+  await writeFile(readmePath, `${readme.slice(0, start)}${START}\n${md}${END}${after}`);
+  return true;
 }
