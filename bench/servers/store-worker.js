@@ -181,9 +181,10 @@ serveCommands({
       referenceP99Ms: percentile(times.reference, 99),
     };
   },
-  async purge() {
+  /** The store's own purge, with its default batch size unless `batchSize` is given. */
+  async purge({ batchSize }) {
     const started = performance.now();
-    const deleted = await grown.store.purgeExpired();
+    const deleted = await grown.store.purgeExpired(batchSize);
     return { deleted, ms: performance.now() - started };
   },
 });
