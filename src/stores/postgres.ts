@@ -68,6 +68,17 @@ const BLOCKED_RETRY_AFTER_MS = 1000;
 const LOCK_NOT_AVAILABLE = '55P03';
 const QUERY_CANCELED = '57014';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
+const DUPLICATE_PREPARED_STATEMENT = '42P05';
+/**
+ * The SQL-level prepared statements each connection holds, shared by every store in the process
+ * (two stores of one table on one pool would otherwise prepare the same name twice).
+ */
+const preparedOn = new WeakMap<pg.ClientBase, Set<string>>();
+
+interface Statement {
+  name: string;
+  text: string;
+}
 
 function identifier(name: string, value: string): string {
   if (!IDENTIFIER.test(value)) {
@@ -78,6 +89,32 @@ function identifier(name: string, value: string): string {
 
 function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
+/** Values as SQL literals, for `EXECUTE` in a multi-statement simple query (which takes no parameters). */
+function literals(values: readonly (string | number | Buffer)[]): string {
+  return values
+    .map((value) =>
+      // E'\\x…' reads as bytea hex whatever standard_conforming_strings says; hex needs no escaping.
+      Buffer.isBuffer(value) ? `E'\\\\x${value.toString('hex')}'` : pg.escapeLiteral(String(value)),
+    )
+    .join(', ');
+}
+
+/** Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run them. */
+async function prepare(client: pg.PoolClient, statements: readonly Statement[]): Promise<void> {
+  const names = preparedOn.get(client) ?? new Set<string>();
+  preparedOn.set(client, names);
+  for (const { name, text } of statements) {
+    if (names.has(name)) continue;
+    try {
+      await client.query(`PREPARE ${name} AS ${text}`);
+    } catch (error) {
+      // Another copy of this module (one per package format, say) prepared it on this connection.
+      if ((error as { code?: string }).code !== DUPLICATE_PREPARED_STATEMENT) throw error;
+    }
+    names.add(name);
+  }
 }
 
 interface RecordRow {
@@ -193,15 +230,28 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND lease_until_ms > n.ms
         AND expires_at_ms > n.ms`,
   };
-  // The NOTIFY rides in the same statement (and, in atomic mode, is delivered at COMMIT).
-  const COMPLETE = {
-    name: `retrysafe_complete_${tag}`,
-    text: `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
+  const SAVE = `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
         UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
         WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
-        RETURNING 1)
-      SELECT pg_notify($7, $8) FROM done`,
+        RETURNING 1)`;
+  // The NOTIFY rides in the same statement.
+  const COMPLETE = { name: `retrysafe_complete_${tag}`, text: `${SAVE} SELECT pg_notify($7, $8) FROM done` };
+  // Atomic mode saves the response and commits in one round trip (the NOTIFY is delivered at
+  // COMMIT), so a lost claim (its retention passed while the handler ran) must fail the statement,
+  // which skips the COMMIT. The subquery keeps the failing cast from being raised at plan time.
+  const COMPLETE_OR_FAIL = {
+    name: `retrysafe_complete_or_fail_${tag}`,
+    text: `${SAVE} SELECT pg_notify($7, CASE WHEN d.saved = 1 THEN $8
+        ELSE (SELECT 'retrysafe: the atomic claim was lost before commit' WHERE d.saved <> 1)::integer::text END)
+      FROM (SELECT count(*) AS saved FROM done) d`,
   };
+  // Names of their own: SQL PREPARE shares the namespace of the protocol-level statements `pg` prepares.
+  const ATOMIC = {
+    claim: { name: `retrysafe_atomic_claim_${tag}`, text: CLAIM.text },
+    takeOver: { name: `retrysafe_atomic_take_over_${tag}`, text: TAKE_OVER.text },
+    complete: COMPLETE_OR_FAIL,
+  };
+  const ATOMIC_STATEMENTS = Object.values(ATOMIC);
   const RELEASE = {
     name: `retrysafe_release_${tag}`,
     text: `WITH gone AS (
@@ -221,11 +271,22 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         LIMIT $1 FOR UPDATE SKIP LOCKED))`,
   };
 
-  async function claimOn(client: pg.Pool | pg.PoolClient, input: ClaimInput): Promise<ClaimResult> {
+  type ClaimValues = [string, string, string, string, number, number];
+  /** Runs the claim (`take: false`) or the takeover statement. */
+  type ClaimQuery = (take: boolean, values: ClaimValues) => Promise<pg.QueryResult<RecordRow>>;
+
+  async function claimWith(query: ClaimQuery, input: ClaimInput): Promise<ClaimResult> {
     for (let attempt = 1; ; attempt++) {
       const token = randomUUID();
-      const values = [input.scope, input.key, input.fingerprint, token, input.leaseMs, input.ttlMs];
-      const { rows } = await client.query<RecordRow>({ ...CLAIM, values });
+      const values: ClaimValues = [
+        input.scope,
+        input.key,
+        input.fingerprint,
+        token,
+        input.leaseMs,
+        input.ttlMs,
+      ];
+      const { rows } = await query(false, values);
       const row = rows[0];
       if (row?.acquired) return { outcome: 'acquired', token };
       if (row && !row.claimable) {
@@ -238,7 +299,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         }
         return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
       }
-      if (row && (await client.query({ ...TAKE_OVER, values })).rowCount === 1) {
+      if (row && (await query(true, values)).rowCount === 1) {
         return { outcome: 'acquired', token };
       }
       if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
@@ -326,7 +387,10 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
     },
 
     claim(input) {
-      return claimOn(pool, input);
+      return claimWith(
+        (take, values) => pool.query<RecordRow>({ ...(take ? TAKE_OVER : CLAIM), values }),
+        input,
+      );
     },
 
     async complete(scope, key, token, response) {
@@ -376,13 +440,23 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       };
       client.on('error', onError);
       try {
-        // A duplicate blocks on the primary key until the first transaction ends; bound that.
-        // One round trip: a simple query may hold several statements.
+        await prepare(client, ATOMIC_STATEMENTS);
+        // A duplicate blocks on the primary key until the first transaction ends; bound that, but
+        // only around the claim, not the handler's own queries. A simple query may hold several
+        // statements, so the first one also opens the transaction: one round trip.
         const lockTimeoutMs = Math.max(1, Math.ceil(Math.min(input.leaseMs, statementTimeoutMs)));
-        await client.query(`BEGIN; SET LOCAL lock_timeout = ${lockTimeoutMs}`);
+        let begin = 'BEGIN; ';
+        const query: ClaimQuery = async (take, values) => {
+          const text = `${begin}SET LOCAL lock_timeout = ${lockTimeoutMs};
+            EXECUTE ${(take ? ATOMIC.takeOver : ATOMIC.claim).name}(${literals(values)});
+            SET LOCAL lock_timeout TO DEFAULT`;
+          begin = '';
+          const results = (await client.query(text)) as unknown as pg.QueryResult<RecordRow>[];
+          return results[results.length - 2]!;
+        };
         let claimed: ClaimResult;
         try {
-          claimed = await claimOn(client, input);
+          claimed = await claimWith(query, input);
         } catch (error) {
           const code = (error as { code?: string }).code;
           if (code !== LOCK_NOT_AVAILABLE && code !== QUERY_CANCELED) throw error;
@@ -392,18 +466,14 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
           await client.query('ROLLBACK');
           return claimed;
         }
-        await client.query('SET LOCAL lock_timeout TO DEFAULT');
         const result = await work(client);
         if (!result.commit) {
           await client.query('ROLLBACK');
           return { outcome: 'executed', response: result.response, committed: false };
         }
-        const saved = await client.query({
-          ...COMPLETE,
-          values: completeValues(input.scope, input.key, claimed.token, result.response),
-        });
-        if (saved.rowCount !== 1) throw new Error('postgresStore: the atomic claim was lost before commit');
-        await client.query('COMMIT');
+        await client.query(
+          `EXECUTE ${ATOMIC.complete.name}(${literals(completeValues(input.scope, input.key, claimed.token, result.response))}); COMMIT`,
+        );
         return { outcome: 'executed', response: result.response, committed: true };
       } catch (error) {
         await client.query('ROLLBACK').catch((rollbackError: Error) => {
