@@ -92,13 +92,8 @@ function toBuffer(body: Uint8Array): Buffer {
 }
 
 /** Values as SQL literals, for `EXECUTE` in a multi-statement simple query (which takes no parameters). */
-function literals(values: readonly (string | number | Buffer)[]): string {
-  return values
-    .map((value) =>
-      // E'\\x…' reads as bytea hex whatever standard_conforming_strings says; hex needs no escaping.
-      Buffer.isBuffer(value) ? `E'\\\\x${value.toString('hex')}'` : pg.escapeLiteral(String(value)),
-    )
-    .join(', ');
+function literals(values: readonly (string | number)[]): string {
+  return values.map((value) => pg.escapeLiteral(String(value))).join(', ');
 }
 
 /** Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run them. */
@@ -230,26 +225,19 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND lease_until_ms > n.ms
         AND expires_at_ms > n.ms`,
   };
-  const SAVE = `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
+  // The NOTIFY rides in the same statement (and, in atomic mode, is delivered at COMMIT).
+  const COMPLETE = {
+    name: `retrysafe_complete_${tag}`,
+    text: `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
         UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
         WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
-        RETURNING 1)`;
-  // The NOTIFY rides in the same statement.
-  const COMPLETE = { name: `retrysafe_complete_${tag}`, text: `${SAVE} SELECT pg_notify($7, $8) FROM done` };
-  // Atomic mode saves the response and commits in one round trip (the NOTIFY is delivered at
-  // COMMIT), so a lost claim (its retention passed while the handler ran) must fail the statement,
-  // which skips the COMMIT. The subquery keeps the failing cast from being raised at plan time.
-  const COMPLETE_OR_FAIL = {
-    name: `retrysafe_complete_or_fail_${tag}`,
-    text: `${SAVE} SELECT pg_notify($7, CASE WHEN d.saved = 1 THEN $8
-        ELSE (SELECT 'retrysafe: the atomic claim was lost before commit' WHERE d.saved <> 1)::integer::text END)
-      FROM (SELECT count(*) AS saved FROM done) d`,
+        RETURNING 1)
+      SELECT pg_notify($7, $8) FROM done`,
   };
   // Names of their own: SQL PREPARE shares the namespace of the protocol-level statements `pg` prepares.
   const ATOMIC = {
     claim: { name: `retrysafe_atomic_claim_${tag}`, text: CLAIM.text },
     takeOver: { name: `retrysafe_atomic_take_over_${tag}`, text: TAKE_OVER.text },
-    complete: COMPLETE_OR_FAIL,
   };
   const ATOMIC_STATEMENTS = Object.values(ATOMIC);
   const RELEASE = {
@@ -471,9 +459,12 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
           await client.query('ROLLBACK');
           return { outcome: 'executed', response: result.response, committed: false };
         }
-        await client.query(
-          `EXECUTE ${ATOMIC.complete.name}(${literals(completeValues(input.scope, input.key, claimed.token, result.response))}); COMMIT`,
-        );
+        const saved = await client.query({
+          ...COMPLETE,
+          values: completeValues(input.scope, input.key, claimed.token, result.response),
+        });
+        if (saved.rowCount !== 1) throw new Error('postgresStore: the atomic claim was lost before commit');
+        await client.query('COMMIT');
         return { outcome: 'executed', response: result.response, committed: true };
       } catch (error) {
         await client.query('ROLLBACK').catch((rollbackError: Error) => {
