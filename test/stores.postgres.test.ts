@@ -101,6 +101,27 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     }
   });
 
+  // What a transaction-mode pooler does: the next transaction lands on a server connection that
+  // never saw our SQL-level PREPARE (protocol-level statements it keeps; pg cannot recover those).
+  it('prepares its atomic statements again when the connection lost them', async () => {
+    const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
+    const own = postgresStore({ pool, schema });
+    const work = async () => ({ response: response('ok'), commit: true });
+    try {
+      expect((await own.atomic(input('discard-1'), work)).outcome).toBe('executed');
+      const { rows } = await pool.query<{ name: string }>(
+        'SELECT name FROM pg_prepared_statements WHERE from_sql',
+      );
+      expect(rows.length).toBeGreaterThan(0);
+      for (const { name } of rows) await pool.query(`DEALLOCATE ${name}`);
+      expect((await own.atomic(input('discard-2'), work)).outcome).toBe('executed');
+      expect((await own.claim(input('discard-2'))).outcome).toBe('replay');
+    } finally {
+      await own.close();
+      await pool.end();
+    }
+  });
+
   it('stores times from the database clock in milliseconds', async () => {
     const claimed = await store.claim(input('clock'));
     expect(claimed.outcome).toBe('acquired');

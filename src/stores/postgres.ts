@@ -69,6 +69,7 @@ const LOCK_NOT_AVAILABLE = '55P03';
 const QUERY_CANCELED = '57014';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 const DUPLICATE_PREPARED_STATEMENT = '42P05';
+const MISSING_PREPARED_STATEMENT = '26000';
 /**
  * The SQL-level prepared statements each connection holds, shared by every store in the process
  * (two stores of one table on one pool would otherwise prepare the same name twice).
@@ -444,7 +445,15 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         };
         let claimed: ClaimResult;
         try {
-          claimed = await claimWith(query, input);
+          claimed = await claimWith(query, input).catch(async (error) => {
+            // DISCARD ALL or DEALLOCATE (the app, a pooler) dropped our statements: prepare again, once.
+            if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
+            await client.query('ROLLBACK');
+            preparedOn.delete(client);
+            await prepare(client, ATOMIC_STATEMENTS);
+            begin = 'BEGIN; ';
+            return claimWith(query, input);
+          });
         } catch (error) {
           const code = (error as { code?: string }).code;
           if (code !== LOCK_NOT_AVAILABLE && code !== QUERY_CANCELED) throw error;
