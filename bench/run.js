@@ -67,6 +67,7 @@ const results = {
     memoryGiB: Math.round(os.totalmem() / 2 ** 30),
     node: process.version,
     platform: `${os.type()} ${os.release()}`,
+    loadAverageAtStart: os.loadavg().map((n) => Number(n.toFixed(2))),
   },
   settings: {
     quick: flags.quick,
@@ -105,6 +106,7 @@ try {
 }
 
 results.totalSeconds = (performance.now() - started) / 1000;
+results.machine.loadAverageAtEnd = os.loadavg().map((n) => Number(n.toFixed(2)));
 const written = await writeResults(results, path.join(here, 'results'));
 console.log(`\nwrote ${written.json} and ${written.md} in ${Math.round(results.totalSeconds)} s`);
 if (

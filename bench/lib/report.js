@@ -16,7 +16,10 @@ export function markdown(results) {
     `Machine: ${results.machine.cpus} × ${results.machine.cpuModel}, ${results.machine.memoryGiB} GiB, Node ${results.machine.node}, ${results.machine.platform}. ` +
       `Command: \`${results.command}\`. ${results.settings.rounds} round(s) of ${results.settings.durationS} s per contender, ` +
       `${results.settings.connections} connections, medians shown; server in its own process, autocannon in another. Total ${Math.round(results.totalSeconds)} s. ` +
-      `Method and scenarios: \`bench/README.md\`; every number: \`bench/results/${results.date}.json\`. The machine is shared, so single rounds vary (the peers table lists them).`,
+      `Method and scenarios: \`bench/README.md\`; every number: \`bench/results/${results.date}.json\`. The machine is shared, so single rounds vary (the peers table lists them)` +
+      (results.machine.loadAverageAtStart
+        ? `; load average ${results.machine.loadAverageAtStart[0]} at start, ${results.machine.loadAverageAtEnd?.[0]} at end.`
+        : '.'),
     '',
   ];
   const targets = Object.values(results.scenarios).flatMap((s) => s.targets ?? []);
