@@ -1,4 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import type {
   AtomicResult,
@@ -8,15 +9,7 @@ import type {
   ClaimResult,
   StoredResponse,
 } from '../core/types.js';
-import {
-  DEFAULT_PURGE_BATCH_SIZE,
-  expiresAtMs,
-  newToken,
-  recordId,
-  requirePositiveInteger,
-  Waiters,
-  yieldToEventLoop,
-} from './internal.js';
+import { expiresAtMs, newToken, recordId, requirePositiveInteger, Waiters } from './internal.js';
 
 export interface SqliteStoreOptions {
   /** The database file to open (created if missing). Give this or `database`, not both. */
@@ -68,6 +61,13 @@ export interface SqliteStore extends AtomicStore<Database.Database> {
    */
   transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T>;
 }
+
+/**
+ * Rows deleted per purge batch. Smaller than the other stores' default: SQLite deletes on the
+ * event loop's thread, and a 1,000-row batch held requests back by tens of milliseconds (p99 ×6
+ * during a 200k purge in the benchmark, against ×2 with 50-row batches).
+ */
+const SQLITE_PURGE_BATCH_SIZE = 200;
 
 interface RecordRow {
   fingerprint: string;
@@ -372,14 +372,17 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     }
   }
 
-  async function purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
+  async function purgeExpired(batchSize = SQLITE_PURGE_BATCH_SIZE) {
     requirePositiveInteger('sqliteStore.purgeExpired', 'batchSize', batchSize);
     let deleted = 0;
     for (;;) {
+      const startedMs = performance.now();
       const { changes } = await exclusive(() => purgeStatement.run({ nowMs: Date.now(), batchSize }));
       deleted += changes;
       if (changes < batchSize) return deleted;
-      await yieldToEventLoop();
+      // A batch holds the event loop and the write lock; rest as long as it took, so requests
+      // get at least half of both while a large purge runs.
+      await sleep(Math.max(1, performance.now() - startedMs));
     }
   }
 
