@@ -40,3 +40,20 @@ export function target(name, value, op, goal) {
 }
 
 export const round2 = (value) => (Number.isFinite(value) ? Number(value.toFixed(2)) : null);
+
+/**
+ * A table row comparing a contender with its baseline (req/s, ratio, p50 and p99 pairs, failures),
+ * or the reason the variant could not be measured.
+ */
+export function pairRow(label, base, other, unavailable) {
+  if (!base) return [label, `unavailable: ${unavailable?.slice(0, 160)}`, null, null, null, null, null];
+  return [
+    label,
+    Math.round(base.rps),
+    Math.round(other.rps),
+    round2(other.rps / base.rps),
+    `${round2(base.p50Ms)} / ${round2(other.p50Ms)}`,
+    `${round2(base.p99Ms)} / ${round2(other.p99Ms)}`,
+    `${base.non2xx + other.non2xx}/${base.errors + other.errors}`,
+  ];
+}

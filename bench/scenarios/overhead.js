@@ -1,6 +1,6 @@
 import { load } from '../lib/load.js';
 import { LOAN, profileArgs, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
-import { measureSet, round2, target } from '../lib/measure.js';
+import { measureSet, pairRow, target } from '../lib/measure.js';
 
 const GOALS = { 'sqlite-atomic': 0.9, 'postgres-atomic': 0.85, redis: 0.8 };
 
@@ -36,27 +36,7 @@ export async function run(ctx) {
       const ratio = base && keyed ? keyed.rps / base.rps : Number.NaN;
       if (GOALS[variant.id])
         targets.push(target(`overhead: ${variant.label} keyed ÷ no key`, ratio, '>=', GOALS[variant.id]));
-      rows.push(
-        base
-          ? [
-              variant.label,
-              Math.round(base.rps),
-              Math.round(keyed.rps),
-              round2(ratio),
-              `${round2(base.p50Ms)} / ${round2(keyed.p50Ms)}`,
-              `${round2(base.p99Ms)} / ${round2(keyed.p99Ms)}`,
-              `${base.non2xx + keyed.non2xx}/${base.errors + keyed.errors}`,
-            ]
-          : [
-              variant.label,
-              `unavailable: ${failed.get(variant.id)?.slice(0, 160)}`,
-              null,
-              null,
-              null,
-              null,
-              null,
-            ],
-      );
+      rows.push(pairRow(variant.label, base, keyed, failed.get(variant.id)));
     }
     return {
       title: 'Overhead: loan desk POST /loans, fresh key ÷ no key',

@@ -1,6 +1,6 @@
 import { load, request } from '../lib/load.js';
 import { LOAN, profileArgs, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
-import { measureSet, round2, target } from '../lib/measure.js';
+import { measureSet, pairRow, target } from '../lib/measure.js';
 
 /** Replay does not depend on lease or atomic mode; one variant per store. */
 const REPLAY_VARIANTS = VARIANTS.filter((v) =>
@@ -51,27 +51,7 @@ export async function run(ctx) {
       const replay = measured[`${variant.id}:replay`];
       const ratio = read && replay ? replay.rps / read.rps : Number.NaN;
       targets.push(target(`replay: ${variant.label} replay ÷ GET /loans/:id`, ratio, '>=', 1));
-      rows.push(
-        read
-          ? [
-              variant.label,
-              Math.round(read.rps),
-              Math.round(replay.rps),
-              round2(ratio),
-              `${round2(read.p50Ms)} / ${round2(replay.p50Ms)}`,
-              `${round2(read.p99Ms)} / ${round2(replay.p99Ms)}`,
-              `${read.non2xx + replay.non2xx}/${read.errors + replay.errors}`,
-            ]
-          : [
-              variant.label,
-              `unavailable: ${failed.get(variant.id)?.slice(0, 160)}`,
-              null,
-              null,
-              null,
-              null,
-              null,
-            ],
-      );
+      rows.push(pairRow(variant.label, read, replay, failed.get(variant.id)));
     }
     return {
       title: 'Replay of a completed key ÷ GET /loans/:id of the same loan',
