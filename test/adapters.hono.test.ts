@@ -1,8 +1,6 @@
-import { once } from 'node:events';
 import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { serve } from '@hono/node-server';
+import { createAdaptorServer } from '@hono/node-server';
 import { type Context, Hono } from 'hono';
 import { HTTPException } from 'hono/http-exception';
 import { streamText } from 'hono/streaming';
@@ -14,6 +12,7 @@ import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,
   describeAdapterConformance,
+  listen,
   memory,
   paced,
   plan,
@@ -23,19 +22,8 @@ import {
 
 type Env = { Variables: IdempotencyVariables };
 
-async function serveHono(app: Hono<Env>, calls: Record<string, number>): Promise<RunningApp> {
-  const server = serve({ fetch: app.fetch, port: 0, hostname: '127.0.0.1' }) as Server;
-  await once(server, 'listening');
-  const { port } = server.address() as AddressInfo;
-  return {
-    url: `http://127.0.0.1:${port}`,
-    calls,
-    close: () =>
-      new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      }),
-  };
+function serveHono(app: Hono<Env>, calls: Record<string, number>): Promise<RunningApp> {
+  return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls);
 }
 
 function toStream(chunks: readonly Buffer[]): ReadableStream<Uint8Array> {
