@@ -8,7 +8,15 @@ import {
   type IdempotencyContext,
   type IdempotencyOptions,
 } from '../core/index.js';
-import { BODY_TOO_LARGE, capture, keyHeaderOf, readBody, resetHeaders, send } from './node-http.js';
+import {
+  BODY_TOO_LARGE,
+  capture,
+  keyHeaderOf,
+  readBody,
+  resetHeaders,
+  send,
+  sendAnswer,
+} from './node-http.js';
 
 declare global {
   namespace Express {
@@ -73,11 +81,8 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
       case 'pass':
         return next();
       case 'executed':
-        // The captured headers are still set on `res`; only status and body were held back.
-        if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
-        return;
       case 'replayed':
-        return send(res, outcome.response);
+        return sendAnswer(res, outcome);
       case 'rejected':
         // Atomic mode could not commit what the handler answered: none of it may reach the client.
         if (before) resetHeaders(res, before);

@@ -1,5 +1,5 @@
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import type { CapturedResponse, Idempotency, StoredResponse } from '../core/index.js';
+import type { CapturedResponse, Idempotency, Outcome, StoredResponse } from '../core/index.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 
@@ -47,6 +47,16 @@ export function send(res: ServerResponse, response: StoredResponse, close = fals
   if (!res.hasHeader('content-length')) res.setHeader('content-length', response.body.byteLength);
   res.writeHead(response.status, response.headers);
   res.end(response.body);
+}
+
+/** Sends the response of a handler that ran (unless it was streamed already) or of a replay. */
+export function sendAnswer(
+  res: ServerResponse,
+  outcome: Extract<Outcome, { kind: 'executed' | 'replayed' }>,
+): void {
+  if (outcome.kind === 'replayed') return send(res, outcome.response);
+  // The captured headers are still set on `res`; only status and body were held back.
+  if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
 }
 
 /** Puts back the headers `res` had before the handler ran, dropping every one the handler set. */

@@ -8,6 +8,7 @@ import {
   readBody,
   resetHeaders,
   send,
+  sendAnswer,
 } from './node-http.js';
 
 /** The request a wrapped handler sees: the body is already read, as bytes. */
@@ -68,11 +69,8 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
             await handler(request, res, undefined);
             return;
           case 'executed':
-            // The captured headers are still set on `res`; only status and body were held back.
-            if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
-            return;
           case 'replayed':
-            return send(res, outcome.response);
+            return sendAnswer(res, outcome);
           case 'rejected':
             // Atomic mode could not commit what the handler answered: none of it may reach the client.
             if (before) resetHeaders(res, before);
