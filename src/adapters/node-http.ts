@@ -54,9 +54,9 @@ export function sendAnswer(
   res: ServerResponse,
   outcome: Extract<Outcome, { kind: 'executed' | 'replayed' }>,
 ): void {
-  if (outcome.kind === 'replayed') return send(res, outcome.response);
+  if (outcome.kind === 'replayed') send(res, outcome.response);
   // The captured headers are still set on `res`; only status and body were held back.
-  if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
+  else if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
 }
 
 /** Puts back the headers `res` had before the handler ran, dropping every one the handler set. */
