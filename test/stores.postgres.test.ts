@@ -38,6 +38,15 @@ const response = (text: string, status = 201): StoredResponse => ({
   body: new TextEncoder().encode(text),
 });
 
+/** A promise and the function that resolves it, to hold a transaction open at a known point. */
+function signal(): { promise: Promise<void>; resolve: () => void } {
+  let resolve!: () => void;
+  const promise = new Promise<void>((done) => {
+    resolve = done;
+  });
+  return { promise, resolve };
+}
+
 describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   const schema = uniqueName('rs_pg');
   let admin: pg.Client;
@@ -184,14 +193,8 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     });
 
     it('a concurrent duplicate blocks until the first commits, then replays', async () => {
-      let release!: () => void;
-      const gate = new Promise<void>((resolve) => {
-        release = resolve;
-      });
-      let entered!: () => void;
-      const inside = new Promise<void>((resolve) => {
-        entered = resolve;
-      });
+      const { promise: gate, resolve: release } = signal();
+      const { promise: inside, resolve: entered } = signal();
       const first = store.atomic(input('a2'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a2')`);
         entered();
@@ -214,14 +217,8 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     });
 
     it('a duplicate blocked longer than its lease answers in_progress without running', async () => {
-      let release!: () => void;
-      const gate = new Promise<void>((resolve) => {
-        release = resolve;
-      });
-      let entered!: () => void;
-      const inside = new Promise<void>((resolve) => {
-        entered = resolve;
-      });
+      const { promise: gate, resolve: release } = signal();
+      const { promise: inside, resolve: entered } = signal();
       const first = store.atomic(input('a5'), async () => {
         entered();
         await gate;
