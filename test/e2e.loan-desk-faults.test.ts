@@ -306,14 +306,16 @@ describe('loan desk on SQLite', () => {
     expect((await purge()).stdout).toMatch(/^purged 0 expired keys/);
   });
 
-  /** Holds SQLite's write lock from another connection, as a long job in another process would. */
-  function lockDatabase(filename: string): () => void {
-    const locker = new Database(filename);
+  /** Sends a keyed loan while another connection holds SQLite's write lock, as a long job would. */
+  async function postWhileLocked(desk: { baseUrl: string; databaseUrl: string }, body: object, k: string) {
+    const locker = new Database(desk.databaseUrl);
     locker.exec('BEGIN IMMEDIATE');
-    return () => {
+    try {
+      return await postLoan(desk.baseUrl, body, { key: k });
+    } finally {
       locker.exec('ROLLBACK');
       locker.close();
-    };
+    }
   }
 
   it('atomic mode: a database that stays locked answers 503, lends nothing, and the retry works', async () => {
@@ -321,13 +323,7 @@ describe('loan desk on SQLite', () => {
     try {
       const k = key('OD');
       const body = intent();
-      const unlock = lockDatabase(desk.databaseUrl);
-      let failed: LoanResponse;
-      try {
-        failed = await postLoan(desk.baseUrl, body, { key: k });
-      } finally {
-        unlock();
-      }
+      const failed = await postWhileLocked(desk, body, k);
       expect(failed.status).toBe(503);
       expect(failed.body.error).toBe('store_unavailable');
       const retry = await postLoan(desk.baseUrl, body, { key: k });
@@ -344,13 +340,7 @@ describe('loan desk on SQLite', () => {
     try {
       const k = key('OD');
       const body = intent();
-      const unlock = lockDatabase(desk.databaseUrl);
-      let failed: LoanResponse;
-      try {
-        failed = await postLoan(desk.baseUrl, body, { key: k });
-      } finally {
-        unlock();
-      }
+      const failed = await postWhileLocked(desk, body, k);
       expect(failed.status).toBe(503);
       expect(failed.body.error).toBe('database_unavailable');
       const retry = await postLoan(desk.baseUrl, body, { key: k });
