@@ -56,3 +56,17 @@ export function profileArgs(ctx, label) {
   if (!ctx.profileDir) return [];
   return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=${label}.cpuprofile`];
 }
+
+const FLOOR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../servers/floor.js');
+
+/** The hand-written floor of each loan desk variant that has one (bench/servers/floor.js). */
+export const FLOOR_OF = { 'sqlite-atomic': 'sqlite', 'postgres-atomic': 'postgres', redis: 'redis' };
+
+/** Starts a floor server (`sqlite`, `postgres`, `redis` or `cheapest`) on its own fresh database. */
+export async function startFloor(ctx, floor, { execArgv = [] } = {}) {
+  const name = `floor_${floor}`;
+  const env = { FLOOR: floor, REDIS_URL };
+  if (floor === 'postgres') env.DATABASE_URL = await pgSchemaUrl(`${ctx.runId}_${name}`);
+  else env.DATABASE_URL = path.join(ctx.tmpDir, `${name}.db`);
+  return startServer(FLOOR, { env, execArgv });
+}

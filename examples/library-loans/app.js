@@ -30,7 +30,7 @@ function scopeOf(req) {
 }
 
 /** Checks the body of `POST /loans`; a `problem` is answered with 400 before anything is written. */
-function parseLoan(body) {
+export function parseLoan(body) {
   if (body.length === 0) {
     return {
       problem: { error: 'invalid_body', message: 'The body is empty; send {"member", "isbn", "issuedAt"}.' },

@@ -1,0 +1,232 @@
+// The floors: the least hand-written code that gives POST /loans the same validation and the same
+// retry guarantee as the loan desk with retrysafe, and no library. They are what "close to the
+// limit" means in the benchmark report. FLOOR picks one:
+//   sqlite    one BEGIN IMMEDIATE: claim, loan, stored response, COMMIT (cached statements)
+//   postgres  one statement: claim with the response, the loan, in one round trip; a read to replay
+//   redis     SET NX PX claim, the loan (SQLite data, as the desk's Redis variant), SET the response
+//   cheapest  a keyless POST that reads the body and answers a constant 201
+// DATABASE_URL names the SQLite file or the PostgreSQL URL (`?schema=`); REDIS_URL the Redis server.
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import Database from 'better-sqlite3';
+import Redis from 'ioredis';
+import pg from 'pg';
+import { parseLoan } from '../../examples/library-loans/app.js';
+import { BOOKS, MEMBERS } from '../../examples/library-loans/catalog.js';
+
+const TTL_MS = 24 * 3600 * 1000;
+const LEASE_MS = 10_000;
+const JSON_TYPE = 'application/json; charset=utf-8';
+const KEY = /^[\x21-\x7e]{1,255}$/;
+const CONSTANT_201 = Buffer.from('{"ok":true}');
+
+function readBody(req) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    req.on('data', (chunk) => chunks.push(chunk));
+    req.on('end', () => resolve(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+function send(res, status, body, headers = {}) {
+  const bytes = typeof body === 'string' ? Buffer.from(body) : body;
+  res.writeHead(status, { 'content-type': JSON_TYPE, 'content-length': bytes.length, ...headers });
+  res.end(bytes);
+}
+
+/** The parts of an answer a floor stores and replays. */
+const loanAnswer = (loan) => ({ status: 201, body: JSON.stringify(loan), location: `/loans/${loan.id}` });
+const missingAnswer = (field, loan) => ({
+  status: 422,
+  body: JSON.stringify({ error: 'validation', field, message: `No ${field} ${loan[field]}.` }),
+  location: null,
+});
+
+function sendStored(res, stored, replayed) {
+  const headers = stored.location ? { location: stored.location } : {};
+  if (replayed) headers['idempotency-replayed'] = 'true';
+  send(res, stored.status, stored.body, headers);
+}
+
+const conflict = (res) => send(res, 409, '{"error":"key_conflict"}');
+const busy = (res) => send(res, 409, '{"error":"in_progress"}', { 'retry-after': '1' });
+
+function sqliteDatabase(filename) {
+  const db = new Database(filename);
+  db.pragma('journal_mode = WAL');
+  db.exec(`
+    CREATE TABLE IF NOT EXISTS book (isbn TEXT PRIMARY KEY, title TEXT NOT NULL, author TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS member (id TEXT PRIMARY KEY, name TEXT NOT NULL);
+    CREATE TABLE IF NOT EXISTS loan (id INTEGER PRIMARY KEY AUTOINCREMENT, member TEXT NOT NULL,
+      isbn TEXT NOT NULL, issuedAt TEXT NOT NULL, "return" TEXT);
+    CREATE TABLE IF NOT EXISTS idem (scope TEXT NOT NULL, key TEXT NOT NULL, fp TEXT NOT NULL,
+      expires INTEGER NOT NULL, status INTEGER, body TEXT, location TEXT, PRIMARY KEY (scope, key));`);
+  const book = db.prepare('INSERT OR IGNORE INTO book VALUES (@isbn, @title, @author)');
+  const member = db.prepare('INSERT OR IGNORE INTO member VALUES (@id, @name)');
+  for (const row of BOOKS) book.run(row);
+  for (const row of MEMBERS) member.run(row);
+  const bookExists = db.prepare('SELECT 1 FROM book WHERE isbn = ?').pluck();
+  const memberExists = db.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
+  const insertLoan = db.prepare(
+    'INSERT INTO loan (member, isbn, issuedAt) VALUES (@member, @isbn, @issuedAt) RETURNING id, member, isbn, issuedAt',
+  );
+  /** The loan desk's own write: both references checked, then the loan. */
+  const lend = (loan) => {
+    if (!bookExists.get(loan.isbn)) return missingAnswer('isbn', loan);
+    if (!memberExists.get(loan.member)) return missingAnswer('member', loan);
+    return loanAnswer(insertLoan.get(loan));
+  };
+  return { db, lend };
+}
+
+function sqliteFloor(filename) {
+  const { db, lend } = sqliteDatabase(filename);
+  // A retention that passed makes the row a new operation: the upsert takes it over.
+  const claim = db.prepare(`
+    INSERT INTO idem (scope, key, fp, expires) VALUES (?, ?, ?, ?)
+    ON CONFLICT (scope, key) DO UPDATE SET fp = excluded.fp, expires = excluded.expires,
+      status = NULL, body = NULL, location = NULL
+    WHERE idem.expires <= ?`);
+  const existing = db.prepare('SELECT fp, status, body, location FROM idem WHERE scope = ? AND key = ?');
+  const save = db.prepare('UPDATE idem SET status = ?, body = ?, location = ? WHERE scope = ? AND key = ?');
+  const run = db.transaction((scope, key, fp, loan) => {
+    const now = Date.now();
+    if (claim.run(scope, key, fp, now + TTL_MS, now).changes === 0) {
+      return { existing: existing.get(scope, key) };
+    }
+    const answer = lend(loan);
+    save.run(answer.status, answer.body, answer.location, scope, key);
+    return { answer };
+  }).immediate;
+  return async (res, scope, key, fp, loan) => {
+    const result = run(scope, key, fp, loan);
+    if (result.answer) return sendStored(res, result.answer, false);
+    if (result.existing.fp !== fp) return conflict(res);
+    sendStored(res, result.existing, true);
+  };
+}
+
+async function postgresFloor(databaseUrl) {
+  const url = new URL(databaseUrl);
+  const schema = url.searchParams.get('schema') ?? 'public';
+  url.searchParams.delete('schema');
+  const pool = new pg.Pool({ connectionString: url.toString(), max: 10 });
+  const s = `"${schema}"`;
+  await pool.query(`
+    CREATE TABLE IF NOT EXISTS ${s}.book (isbn text PRIMARY KEY, title text NOT NULL, author text NOT NULL);
+    CREATE TABLE IF NOT EXISTS ${s}.member (id text PRIMARY KEY, name text NOT NULL);
+    CREATE TABLE IF NOT EXISTS ${s}.loan (id integer GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+      member text NOT NULL, isbn text NOT NULL, "issuedAt" text NOT NULL, "return" text);
+    CREATE TABLE IF NOT EXISTS ${s}.idem (scope text NOT NULL, key text NOT NULL, fp text NOT NULL,
+      expires timestamptz NOT NULL, status integer, body text, location text, PRIMARY KEY (scope, key))`);
+  for (const row of BOOKS) {
+    await pool.query(`INSERT INTO ${s}.book VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`, [
+      row.isbn,
+      row.title,
+      row.author,
+    ]);
+  }
+  for (const row of MEMBERS) {
+    await pool.query(`INSERT INTO ${s}.member VALUES ($1, $2) ON CONFLICT DO NOTHING`, [row.id, row.name]);
+  }
+  // One statement is one transaction: the loan id is drawn first, so the claim row is inserted with
+  // its final response, and the loan is inserted only when that claim went in. A concurrent
+  // duplicate's ON CONFLICT waits for this statement to commit, then inserts nothing.
+  const LEND = {
+    name: 'floor_lend',
+    text: `
+    WITH refs AS (SELECT EXISTS (SELECT 1 FROM ${s}.book WHERE isbn = $5) AS book,
+                         EXISTS (SELECT 1 FROM ${s}.member WHERE id = $4) AS member,
+                         nextval(pg_get_serial_sequence('${s}.loan', 'id'))::int AS id),
+         answer AS (SELECT CASE WHEN book AND member THEN 201 ELSE 422 END AS status,
+                           CASE WHEN NOT book THEN json_build_object('error', 'validation', 'field', 'isbn',
+                                     'message', 'No isbn ' || $5 || '.')::text
+                                WHEN NOT member THEN json_build_object('error', 'validation', 'field', 'member',
+                                     'message', 'No member ' || $4 || '.')::text
+                                ELSE json_build_object('id', id, 'member', $4::text, 'isbn', $5::text,
+                                     'issuedAt', $6::text)::text END AS body,
+                           CASE WHEN book AND member THEN '/loans/' || id END AS location, id
+                    FROM refs),
+         claim AS (INSERT INTO ${s}.idem (scope, key, fp, expires, status, body, location)
+                   SELECT $1, $2, $3, now() + interval '24 hours', status, body, location FROM answer
+                   ON CONFLICT (scope, key) DO NOTHING
+                   RETURNING status, body, location),
+         loan AS (INSERT INTO ${s}.loan (id, member, isbn, "issuedAt")
+                  SELECT answer.id, $4, $5, $6 FROM answer, claim WHERE claim.status = 201)
+    SELECT status, body, location FROM claim`,
+  };
+  const EXISTING = {
+    name: 'floor_existing',
+    text: `SELECT fp, status, body, location FROM ${s}.idem WHERE scope = $1 AND key = $2 AND expires > now()`,
+  };
+  return async (res, scope, key, fp, loan) => {
+    const { rows } = await pool.query({
+      ...LEND,
+      values: [scope, key, fp, loan.member, loan.isbn, loan.issuedAt],
+    });
+    if (rows.length === 1) return sendStored(res, rows[0], false);
+    const found = (await pool.query({ ...EXISTING, values: [scope, key] })).rows[0];
+    // Expired and not yet purged: the bench never sends a key that old, so the floor need not renew it.
+    if (!found) return busy(res);
+    if (found.fp !== fp) return conflict(res);
+    sendStored(res, found, true);
+  };
+}
+
+function redisFloor(filename, redisUrl) {
+  const { db, lend } = sqliteDatabase(filename);
+  const write = db.transaction(lend).immediate;
+  const redis = new Redis(redisUrl);
+  return async (res, scope, key, fp, loan) => {
+    const name = `floor:${scope}:${key}`;
+    // In progress: the fingerprint alone. Completed: fingerprint, then the stored answer as JSON.
+    if ((await redis.set(name, fp, 'PX', LEASE_MS, 'NX')) === 'OK') {
+      let answer;
+      try {
+        answer = write(loan);
+      } catch (error) {
+        await redis.del(name);
+        throw error;
+      }
+      await redis.set(name, `${fp}\n${JSON.stringify(answer)}`, 'PX', TTL_MS);
+      return sendStored(res, answer, false);
+    }
+    const found = await redis.get(name);
+    if (found === null) return busy(res);
+    const newline = found.indexOf('\n');
+    if ((newline === -1 ? found : found.slice(0, newline)) !== fp) return conflict(res);
+    if (newline === -1) return busy(res);
+    sendStored(res, JSON.parse(found.slice(newline + 1)), true);
+  };
+}
+
+const floor = process.env.FLOOR;
+const databaseUrl = process.env.DATABASE_URL;
+let guarded;
+if (floor === 'sqlite') guarded = sqliteFloor(databaseUrl);
+else if (floor === 'postgres') guarded = await postgresFloor(databaseUrl);
+else if (floor === 'redis') guarded = redisFloor(databaseUrl, process.env.REDIS_URL);
+else if (floor !== 'cheapest')
+  throw new Error(`FLOOR must be sqlite, postgres, redis or cheapest; got ${floor}`);
+
+const server = http.createServer(async (req, res) => {
+  if (req.method !== 'POST' || req.url !== '/loans') return send(res, 404, '{"error":"path_not_found"}');
+  try {
+    const body = await readBody(req);
+    if (floor === 'cheapest') return send(res, 201, CONSTANT_201);
+    const header = req.headers['idempotency-key'];
+    if (header === undefined || !KEY.test(header))
+      return send(res, 400, '{"error":"idempotency_key_invalid"}');
+    const { loan, problem } = parseLoan(body);
+    if (problem) return send(res, 400, JSON.stringify(problem));
+    const credential = req.headers.authorization;
+    const scope = credential ? createHash('sha256').update(credential).digest('base64url') : 'anonymous';
+    const fp = createHash('sha256').update(`POST /loans\n`).update(body).digest('hex');
+    await guarded(res, scope, header, fp, loan);
+  } catch (error) {
+    if (!res.headersSent) send(res, 503, JSON.stringify({ error: 'unavailable', message: error.message }));
+  }
+});
+server.listen(0, '127.0.0.1', () => process.send?.({ ready: server.address().port }));
+process.once('SIGTERM', () => process.exit(0));
