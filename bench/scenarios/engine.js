@@ -52,6 +52,7 @@ function exchange(serve, key) {
   req.headers = { 'content-type': 'application/json', 'idempotency-key': key };
   req.push(BODY);
   req.push(null);
+  req.complete = true; // as the HTTP parser leaves a fully received request
   const res = new ServerResponse(req);
   res.assignSocket(socket);
   // A response whose socket closes right after its last write emits 'close' rather than 'finish'.
