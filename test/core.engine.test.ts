@@ -32,6 +32,7 @@ function request(
     path: '/loans',
     keyHeader: key,
     contentType: 'application/json',
+    authorization: undefined,
     readBody: async () => Buffer.from(JSON.stringify(body)),
     raw: {},
     ...extra,
@@ -170,6 +171,33 @@ describe('engine outcomes', () => {
     const b = await idem.handle(request('k', undefined, { raw: { token: 'bob' } }), handler.run);
     expect([a.kind, b.kind]).toEqual(['executed', 'executed']);
     expect(handler.runs).toBe(2);
+  });
+
+  it('scopes by a digest of Authorization when no scope is given; callers without one share a scope', async () => {
+    const store = memoryStore();
+    const claimed: string[] = [];
+    const spy: IdempotencyStore = {
+      ...store,
+      claim: (input) => {
+        claimed.push(input.scope);
+        return store.claim(input);
+      },
+    };
+    const idem = engine({ store: spy, scope: undefined });
+    const handler = counter();
+    const as = (authorization: string | undefined) => request('k', undefined, { authorization });
+    const basic = (user: string) => `Basic ${Buffer.from(`${user}:secret`).toString('base64')}`;
+    const callers = [basic('alice'), basic('bob'), 'Bearer A B', 'Bearer A', undefined];
+    for (const authorization of callers) {
+      expect((await idem.handle(as(authorization), handler.run)).kind).toBe('executed');
+    }
+    expect(handler.runs).toBe(callers.length);
+    for (const authorization of callers) {
+      expect((await idem.handle(as(authorization), handler.run)).kind).toBe('replayed');
+    }
+    // The credential never reaches the store: only its digest does.
+    expect(claimed.join('\n')).not.toMatch(/alice|Bearer|Basic|secret/);
+    expect(new Set(claimed).size).toBe(callers.length);
   });
 
   it('makes a duplicate wait for the in-progress original, then replays it', async () => {

@@ -231,6 +231,42 @@ describe.each(setups)('loan desk on $name', (setup) => {
     expect(await count()).toBe(before + 3);
   });
 
+  it('any Authorization value names its own scope (Basic, malformed Bearer); only no credential is anonymous', async () => {
+    const before = await count();
+    const k = key('OD');
+    const body = intent();
+    const basic = (user: string) => `Basic ${Buffer.from(`${user}:pw`).toString('base64')}`;
+    const callers = [basic('alice'), basic('bob'), 'Bearer A B', 'Bearer A'];
+    const first = [];
+    for (const authorization of callers) {
+      first.push(await postLoan(base, body, { key: k, headers: { authorization } }));
+    }
+    expect(first.map((r) => r.status)).toEqual([201, 201, 201, 201]);
+    expect(first.map((r) => r.headers.get('idempotency-replayed'))).toEqual([null, null, null, null]);
+    expect(new Set(first.map((r) => r.body.id)).size).toBe(callers.length);
+    const anonymous = await postLoan(base, body, { key: k });
+    expect(anonymous.headers.get('idempotency-replayed')).toBeNull();
+    for (const [i, authorization] of callers.entries()) {
+      const again = await postLoan(base, body, { key: k, headers: { authorization } });
+      expect(again.headers.get('idempotency-replayed')).toBe('true');
+      expect(again.body.id).toBe(first[i]!.body.id);
+    }
+    expect(await count()).toBe(before + callers.length + 1);
+  });
+
+  it('a control character (NUL) in member or isbn is 400 validation, keyed or not, and lends nothing', async () => {
+    const before = await count();
+    for (const field of ['member', 'isbn']) {
+      const body = intent({ [field]: `${field === 'member' ? 'U-1001' : 'K-01'}\u0000` });
+      for (const k of [undefined, key()]) {
+        const response = await postLoan(base, body, { key: k });
+        expect(response.status, `${field}, key ${k ?? 'none'}`).toBe(400);
+        expect(response.body).toMatchObject({ error: 'validation', field });
+      }
+    }
+    expect(await count()).toBe(before);
+  });
+
   it('unknown isbn or member is 422 validation with the field, stored under the key, nothing lent', async () => {
     const before = await count();
     const noBook = await postLoan(base, intent({ isbn: 'K-99' }));

@@ -1,10 +1,11 @@
-import { createHash } from 'node:crypto';
 import http from 'node:http';
+import { credentialScope } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { openDatabase, openKeyStore } from './database.js';
 
 const JSON_TYPE = 'application/json; charset=utf-8';
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
+const IDENTIFIER = /^[^\p{Cc}]{1,64}$/u;
 
 // Date.parse accepts 2026-02-31 (as March 3rd); a real calendar date survives the round trip.
 const isCalendarDate = (text) =>
@@ -21,13 +22,11 @@ function databaseUnavailable(res, doing, error) {
 }
 
 /**
- * The caller's bearer token names its key scope: two callers sending the same key string name two
- * operations. Only a digest of the token is kept in the key store, never the token itself.
+ * The caller's credential names its key scope: two callers sending the same key string name two
+ * operations, whatever their `Authorization` scheme (a malformed one too). Only a digest of the
+ * whole value reaches the key store; callers without one share `anonymous`.
  */
-function scopeOf(req) {
-  const match = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
-  return match ? `bearer:${createHash('sha256').update(match[1]).digest('base64url')}` : 'anonymous';
-}
+const scopeOf = (req) => credentialScope(req.headers.authorization) || 'anonymous';
 
 /** Checks the body of `POST /loans`; a `problem` is answered with 400 before anything is written. */
 export function parseLoan(body) {
@@ -52,9 +51,14 @@ export function parseLoan(body) {
   }
   for (const field of ['member', 'isbn']) {
     const text = value[field];
-    if (typeof text !== 'string' || text.length === 0 || text.length > 64) {
+    // PostgreSQL refuses NUL in text; no id has a control character, so none reaches a database.
+    if (typeof text !== 'string' || !IDENTIFIER.test(text)) {
       return {
-        problem: { error: 'validation', field, message: `${field} must be a string of 1 to 64 characters.` },
+        problem: {
+          error: 'validation',
+          field,
+          message: `${field} must be a string of 1 to 64 characters, none a control character.`,
+        },
       };
     }
   }

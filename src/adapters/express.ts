@@ -68,6 +68,7 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
         path: req.originalUrl,
         keyHeader: keyHeaderOf(req),
         contentType: req.headers['content-type'],
+        authorization: req.headers.authorization,
         readBody: () => bodyOf(req, engine),
         raw: req,
       },

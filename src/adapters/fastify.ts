@@ -165,6 +165,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
           path: request.url,
           keyHeader: request.headers['idempotency-key'],
           contentType: request.headers['content-type'],
+          authorization: request.headers.authorization,
           readBody: async () => {
             const raw = bodies.get(request);
             if (raw === undefined) return new Uint8Array(0);

@@ -49,6 +49,7 @@ export function idempotency<Tx = unknown>(
           path: pathAndQuery(c.req.url),
           keyHeader: c.req.raw.headers.get('idempotency-key') ?? undefined,
           contentType: c.req.header('content-type'),
+          authorization: c.req.raw.headers.get('authorization') ?? undefined,
           readBody: () => bodyOf(c, engine),
           raw: c,
         },

@@ -56,6 +56,7 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
             path: req.url ?? '/',
             keyHeader: keyHeaderOf(req),
             contentType: req.headers['content-type'],
+            authorization: req.headers.authorization,
             readBody: async () => body,
             raw: req,
           },

@@ -4,6 +4,7 @@ import { type Duration, toMs } from './duration.js';
 import { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError } from './errors.js';
 import { type FingerprintBody, fingerprint } from './fingerprint.js';
 import { parseIdempotencyKey } from './key.js';
+import { credentialScope } from './scope.js';
 import {
   type AtomicStore,
   type ClaimInput,
@@ -55,7 +56,10 @@ export interface IdempotencyOptions<Req = unknown> {
   wait?: Duration;
   /** `default`: mismatch is 409 with JSON errors; `ietf`: mismatch is 422 with problem+json. @default 'default' */
   profile?: 'default' | 'ietf';
-  /** The authenticated client; the same key from two scopes names two operations. @default () => '' */
+  /**
+   * The authenticated client; the same key from two scopes names two operations.
+   * @default a digest of the `Authorization` header (`credentialScope`); `''` for requests without one
+   */
   scope?: (req: Req) => string | Promise<string>;
   /** Maps a parsed JSON body before fingerprinting, e.g. `({ sentAt, ...rest }) => rest`. */
   fingerprintBody?: FingerprintBody;
@@ -86,6 +90,8 @@ export interface IncomingRequest<Req = unknown> {
   /** The `Idempotency-Key` header: an array when it appeared more than once. */
   keyHeader: string | readonly string[] | undefined;
   contentType: string | undefined;
+  /** The `Authorization` header, for the default `scope`. */
+  authorization: string | undefined;
   /** Reads the body; called at most once and only for guarded requests. */
   readBody: () => Promise<Uint8Array>;
   /** The framework's request, handed to `scope`. */
@@ -242,7 +248,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
     }
   }
-  const scopeOf = options.scope ?? (() => '');
+  const userScope = options.scope;
+  const scopeOf = userScope
+    ? (request: IncomingRequest<Req>) => userScope(request.raw)
+    : (request: IncomingRequest<Req>) => credentialScope(request.authorization);
   const storeStatus = options.storeStatus ?? ((status: number) => status < 500);
   const replayHeaders = new Set(
     [...DEFAULT_REPLAY_HEADERS, ...(options.replayHeaders ?? [])].map((h) => h.toLowerCase()),
@@ -436,7 +445,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       throw error;
     }
     const claim: ClaimInput = {
-      scope: await scopeOf(request.raw),
+      scope: await scopeOf(request),
       key,
       fingerprint: fingerprint(
         { method: request.method, path: request.path, contentType: request.contentType, body },

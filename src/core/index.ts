@@ -13,6 +13,7 @@ export {
 export { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError, RetrysafeError } from './errors.js';
 export { type FingerprintBody, type FingerprintInput, fingerprint } from './fingerprint.js';
 export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
+export { credentialScope } from './scope.js';
 export {
   type AtomicResult,
   type AtomicStore,

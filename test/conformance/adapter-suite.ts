@@ -619,6 +619,25 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(app.calls['POST /orders']).toBe(2);
           }));
 
+        it('without a scope option, each Authorization value is its own scope', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const callers: Record<string, string>[] = [
+              { authorization: 'Basic YWxpY2U6eA==' },
+              { authorization: 'Basic Ym9iOng=' },
+              {},
+            ];
+            const first: Reply[] = [];
+            for (const headers of callers) {
+              first.push(await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers }));
+            }
+            expect(first.map((reply) => reply.json().n)).toEqual([1, 2, 3]);
+            for (const [i, headers] of callers.entries()) {
+              expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 }, headers }), first[i]!);
+            }
+            expect(app.calls['POST /orders']).toBe(3);
+          }));
+
         it.each(['GET', 'HEAD', 'PUT', 'DELETE'])('%s passes through untouched, key or not', (method) =>
           withApp({ required: true }, async (app) => {
             const key = newKey();

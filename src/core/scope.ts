@@ -1,0 +1,16 @@
+import { createHash } from 'node:crypto';
+
+/**
+ * A scope naming one caller by a credential (an `Authorization` value, an API key) without keeping
+ * it: a sha256 digest of the whole value, so two credentials never share keys and the store never
+ * holds the credential. `''`, the one scope of callers without credentials, when there is none.
+ * The engine's default `scope` is this of the request's `Authorization` header.
+ * A digest of a guessable credential (a Basic password) can be guessed back; scope by an account
+ * id your authentication resolved when you have one.
+ * @example
+ * idempotency({ store, scope: (req) => credentialScope(req.headers['x-api-key']) });
+ */
+export function credentialScope(credential: string | undefined): string {
+  if (credential === undefined) return '';
+  return `sha256:${createHash('sha256').update(credential).digest('base64url')}`;
+}
