@@ -340,6 +340,27 @@ describe('engine outcomes', () => {
     expect(unreadable.kind === 'rejected' && unreadable.error.code).toBe('replay_unreadable');
   });
 
+  it('decrypts with any key of the ring and encrypts with the first, so a rotation keeps replays', async () => {
+    const store = memoryStore();
+    stores.push(store);
+    const [oldKey, newKey, unknownKey, otherUnknownKey] = [1, 2, 3, 4].map((n) =>
+      Buffer.alloc(32, n).toString('base64'),
+    );
+    const handler = counter();
+    const withKeys = (encryptionKey: string | string[]) => createIdempotency({ store, encryptionKey });
+    await withKeys(oldKey!).handle(request('before'), handler.run);
+    const rotated = withKeys([newKey!, oldKey!]);
+    const replay = await rotated.handle(request('before'), handler.run);
+    expect(replay.kind === 'replayed' && text(replay.response)).toBe('{"id":1}');
+    await rotated.handle(request('after'), handler.run);
+    const afterRotation = await withKeys(newKey!).handle(request('after'), handler.run);
+    expect(afterRotation.kind === 'replayed' && text(afterRotation.response)).toBe('{"id":2}');
+    const unknown = await withKeys([unknownKey!, otherUnknownKey!]).handle(request('before'), handler.run);
+    expect(unknown.kind === 'rejected' && unknown.error.status).toBe(500);
+    expect(unknown.kind === 'rejected' && unknown.error.code).toBe('replay_unreadable');
+    expect(handler.runs).toBe(2);
+  });
+
   it('hands the handler its key and a stable downstream key per purpose and scope', async () => {
     const idem = engine();
     const keys: string[] = [];
@@ -389,6 +410,8 @@ describe('engine options', () => {
     [{ methods: 'POST' }, '`methods`'],
     [{ scope: 'tenant' }, '`scope`'],
     [{ encryptionKey: 'c2hvcnQ=' }, '`encryptionKey`'],
+    [{ encryptionKey: [] }, '`encryptionKey`'],
+    [{ encryptionKey: [Buffer.alloc(32).toString('base64'), 'c2hvcnQ='] }, '`encryptionKey[1]`'],
   ])('rejects %j naming the option', (bad, name) => {
     expect(() => engine(bad as Partial<IdempotencyOptions>)).toThrow(ConfigError);
     expect(() => engine(bad as Partial<IdempotencyOptions>)).toThrow(name);

@@ -80,7 +80,7 @@ export function parseLoan(body) {
  * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
  * instead of lending the book again; without a key every call is a new loan.
  */
-export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, required }) {
+export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, required, encryptionKeys }) {
   const guard = idempotency({
     store,
     mode,
@@ -89,6 +89,7 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, requir
     wait: waitMs,
     required,
     scope: scopeOf,
+    encryptionKey: encryptionKeys,
   });
 
   // In atomic mode `idem.tx` is the transaction holding the claim: the loan commits with the

@@ -13,6 +13,8 @@ import ms from 'ms';
  * IDEMPOTENCY_TTL            how long a key replays its response (24h; e.g. 7d, 2s)
  * IDEMPOTENCY_LEASE          how long a claimed key is owned before a retry may take it over (30s)
  * IDEMPOTENCY_WAIT           how long a duplicate waits for an in-progress original before 409 (10s)
+ * IDEMPOTENCY_ENCRYPTION_KEY base64 32-byte keys, comma-separated, current first: stored answers are
+ *                            encrypted with the first and read with any (none: stored in clear)
  * PURGE_INTERVAL             how often expired keys are deleted (1m)
  * WORKERS                    processes sharing the port and the database (1)
  */
@@ -72,6 +74,16 @@ export function readConfig(env = process.env) {
   const required = env.IDEMPOTENCY_REQUIRED || 'false';
   if (required !== 'true' && required !== 'false') fail('IDEMPOTENCY_REQUIRED', '`true` or `false`');
 
+  // Validated here too, so a bad key stops the start with the variable's name, not the option's.
+  let encryptionKeys;
+  if (env.IDEMPOTENCY_ENCRYPTION_KEY) {
+    encryptionKeys = env.IDEMPOTENCY_ENCRYPTION_KEY.split(',').map((key) => key.trim());
+    const aesKey = (key) => /^[A-Za-z0-9+/]{43}=$/.test(key) && Buffer.from(key, 'base64').length === 32;
+    if (!encryptionKeys.every(aesKey)) {
+      fail('IDEMPOTENCY_ENCRYPTION_KEY', 'base64 32-byte keys separated by commas, current first');
+    }
+  }
+
   const ttlMs = duration('IDEMPOTENCY_TTL', '24h');
   return {
     host: env.HOST || '127.0.0.1',
@@ -84,6 +96,7 @@ export function readConfig(env = process.env) {
     // The engine refuses a lease longer than retention; a short TTL (tests) shortens the lease too.
     leaseMs: Math.min(duration('IDEMPOTENCY_LEASE', '30s'), ttlMs),
     waitMs: duration('IDEMPOTENCY_WAIT', '10s', 0),
+    encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
     workers: integer('WORKERS', 1, 1),
   };

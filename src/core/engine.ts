@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { type BodyCipher, bodyCipher } from './crypto.js';
+import { type BodyCipher, bodyCipher, type EncryptionKey } from './crypto.js';
 import { type Duration, toMs } from './duration.js';
 import { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError } from './errors.js';
 import { type FingerprintBody, fingerprint } from './fingerprint.js';
@@ -76,8 +76,12 @@ export interface IdempotencyOptions<Req = unknown> {
   maxResponseBytes?: number;
   /** Bound on a single store call, so a stuck database answers 503 instead of hanging. @default '5s' */
   storeTimeout?: Duration;
-  /** 32-byte key (Uint8Array or base64) to encrypt stored bodies with AES-256-GCM. */
-  encryptionKey?: string | Uint8Array;
+  /**
+   * 32-byte key (Uint8Array or base64) to encrypt stored bodies with AES-256-GCM, or a key ring
+   * `[current, ...previous]`: bodies are encrypted with the first and decrypted with any, so
+   * records written before a rotation still replay. Drop a previous key once `ttl` has passed.
+   */
+  encryptionKey?: EncryptionKey | readonly EncryptionKey[];
   /** Renders engine errors; return `undefined` to keep the default JSON rendering. */
   onError?: (error: IdempotencyError) => StoredResponse | undefined;
 }

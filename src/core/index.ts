@@ -1,3 +1,4 @@
+export type { EncryptionKey } from './crypto.js';
 export type { Duration } from './duration.js';
 export {
   type CapturedResponse,
