@@ -5,7 +5,8 @@ import { openDatabase, openKeyStore } from './database.js';
 
 try {
   const config = readConfig();
-  const database = await openDatabase(config, { setup: true });
+  // No setup: a mistyped DATABASE_URL fails here instead of creating an empty database to purge.
+  const database = await openDatabase(config, { setup: false });
   const store = await openKeyStore(config, database);
   try {
     const purged = await store.purgeExpired();

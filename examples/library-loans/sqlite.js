@@ -20,10 +20,19 @@ const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
  * `store.transaction`, which queues behind a transaction left open by a request in flight instead
  * of joining it (a keyless loan must not vanish with another request's rollback). Reads use a
  * second, read-only connection: in WAL mode it sees only committed loans and never waits for the
- * write lock. `setup: true` creates the tables and the catalog
- * when missing; the process that starts first runs it, later runs change nothing.
+ * write lock. `setup: true` creates the file, the tables and the catalog when missing; the process
+ * that starts first runs it, later runs change nothing. Without it the file must exist.
  */
 export async function openSqlite({ filename, setup }) {
+  // Only a setup may create the file: anything else (`npm run purge`) on a mistyped path must fail
+  // rather than leave an empty database there.
+  if (!setup) {
+    try {
+      new Database(filename, { readonly: true, fileMustExist: true }).close();
+    } catch (error) {
+      throw new Error(`cannot open the SQLite database ${filename}: ${error.message}`);
+    }
+  }
   const store = sqliteStore({ filename });
   const db = store.database;
   db.pragma('foreign_keys = ON');
