@@ -263,11 +263,31 @@ describe('keys', () => {
     expect(seen[1]!.key).not.toBe(seen[0]!.key);
   });
 
-  it('idempotencyKey: false sends no key', async () => {
-    script = [{ status: 503 }, { status: 201 }];
-    await createRetryingFetch(quick)(url, { ...post, idempotencyKey: false });
-    expect(seen.map((s) => s.key)).toEqual([undefined, undefined]);
-  });
+  it.each(['POST', 'PATCH'])(
+    'idempotencyKey: false sends no key and never retries %s (it could run twice)',
+    async (method) => {
+      const retryingFetch = createRetryingFetch(quick);
+      script = [{ status: 503 }, { status: 201 }];
+      const unavailable = await retryingFetch(url, { ...post, method, idempotencyKey: false });
+      expect(unavailable.status).toBe(503);
+      script = ['reset', { status: 201 }];
+      await expect(retryingFetch(url, { ...post, method, idempotencyKey: false })).rejects.toThrow(TypeError);
+      expect(seen.map((s) => [s.method, s.key])).toEqual([
+        [method, undefined],
+        [method, undefined],
+      ]);
+    },
+  );
+
+  it.each(['GET', 'PUT', 'DELETE'])(
+    'idempotencyKey: false still retries %s, idempotent by itself',
+    async (method) => {
+      script = [{ status: 503 }, { status: 200 }];
+      const response = await createRetryingFetch(quick)(url, { method, idempotencyKey: false });
+      expect(response.status).toBe(200);
+      expect(seen.map((s) => s.key)).toEqual([undefined, undefined]);
+    },
+  );
 
   it('other methods carry a key too', async () => {
     await createRetryingFetch(quick)(url, { method: 'PATCH', body: '{}' });

@@ -68,8 +68,9 @@ export interface RetryingFetchOptions {
 
 /**
  * `RequestInit` plus the key of this intent: a string to use it (an `Idempotency-Key` already in
- * `headers` counts as given too), `false` to send no key (then a retried POST may run twice: only
- * for requests that are idempotent by themselves), absent to generate one.
+ * `headers` counts as given too), absent to generate one, `false` to send no key. Without a key
+ * only the methods idempotent by themselves (GET, HEAD, OPTIONS, TRACE, PUT, DELETE) are retried;
+ * any other (POST, PATCH…) is tried once, since a retry could run it twice.
  */
 export type RetryingRequestInit = RequestInit & { idempotencyKey?: string | false };
 
@@ -108,6 +109,8 @@ export function isRetryBudgetExceededError(error: unknown): error is RetryBudget
 }
 
 const RETRYABLE_STATUSES = new Set([408, 429, 502, 503, 504]);
+// RFC 9110 §9.2.2: repeating these has the effect of sending them once, key or no key.
+const IDEMPOTENT_METHODS = new Set(['GET', 'HEAD', 'OPTIONS', 'TRACE', 'PUT', 'DELETE']);
 const IN_PROGRESS_CODES = new Set(['request_in_progress']);
 // retrysafe answers `key_conflict` (the seed's code); `key_mismatch` is the other common name.
 // A retry of a key reused for another request never helps.
@@ -182,7 +185,7 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
  * retry. It retries network errors, timed-out attempts, 408, 429, an in-progress 409, 502, 503 and
  * 504, with full-jitter exponential backoff or the server's `Retry-After`, within `maxAttempts` and
  * the `deadlineMs` budget; it never retries a key mismatch, 422 or any other 4xx, nor 500 (a server
- * bug a retry will not fix). Any method may carry a key (PATCH, PUT, DELETE…); a server that ignores
+ * bug a retry will not fix), nor a POST or PATCH sent without a key (`idempotencyKey: false`). Any method may carry a key (PATCH, PUT, DELETE…); a server that ignores
  * keys on a method just sees a harmless header. The caller's `signal` aborts both the wait and the
  * attempt in flight and rejects with its reason.
  *
@@ -247,6 +250,7 @@ export function createRetryingFetch(options: RetryingFetchOptions = {}): Retryin
     // One template, cloned per attempt, so every attempt sends the same bytes whatever the body type.
     const template = new Request(input, requestInit);
     const key = resolveKey(template.headers, idempotencyKey);
+    const retriable = key !== undefined || IDEMPOTENT_METHODS.has(template.method);
     const fetchImpl = options.fetch ?? globalThis.fetch;
     const startedMs = performance.now();
     const remainingMs = () => deadlineMs - (performance.now() - startedMs);
@@ -264,11 +268,11 @@ export function createRetryingFetch(options: RetryingFetchOptions = {}): Retryin
       let retry: boolean;
       try {
         response = await fetchImpl(template.clone(), { signal: controller.signal });
-        retry = await isRetryableResponse(response);
+        retry = retriable && (await isRetryableResponse(response));
       } catch (caught) {
         error = caught;
         // Aborted by our own timer rather than the caller: some runtimes reject with a plain AbortError.
-        retry = caught instanceof TypeError || (controller.signal.aborted && !signal?.aborted);
+        retry = retriable && (caught instanceof TypeError || (controller.signal.aborted && !signal?.aborted));
       } finally {
         clearTimeout(timer);
       }
