@@ -27,7 +27,12 @@ interface Target {
   label: string;
 }
 
-async function openStore(databaseUrl: string, schema?: string, table?: string): Promise<Target> {
+async function openStore(
+  command: 'migrate' | 'purge',
+  databaseUrl: string,
+  schema?: string,
+  table?: string,
+): Promise<Target> {
   // Imported on demand: a SQLite user need not install pg, nor a PostgreSQL user better-sqlite3.
   if (POSTGRES_URL.test(databaseUrl)) {
     const { postgresStore } = await import('./stores/postgres.js');
@@ -39,6 +44,15 @@ async function openStore(databaseUrl: string, schema?: string, table?: string): 
     };
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
+  if (command === 'purge') {
+    // Only migrate may create the file: a mistyped path fails instead of purging a new, empty database.
+    const { default: Database } = await import('better-sqlite3');
+    try {
+      new Database(databaseUrl, { readonly: true, fileMustExist: true }).close();
+    } catch (error) {
+      throw new Error(`cannot open the SQLite database ${databaseUrl}: ${(error as Error).message}`);
+    }
+  }
   const { sqliteStore } = await import('./stores/sqlite.js');
   // The SQLite store creates its table and index when it opens the file.
   const store = sqliteStore({ filename: databaseUrl, table });
@@ -75,7 +89,7 @@ async function main(argv: string[]): Promise<void> {
   if (command === 'migrate' && batchSize !== undefined)
     throw new UsageError('--batch-size applies to purge only');
 
-  const target = await openStore(databaseUrl, values.schema, values.table);
+  const target = await openStore(command, databaseUrl, values.schema, values.table);
   try {
     if (command === 'migrate') {
       await target.migrate();

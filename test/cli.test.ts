@@ -71,6 +71,14 @@ describe('retrysafe CLI', () => {
     const file = join(dir, 'keys.db');
     afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
+    it('purge on a path with no database exits 1 naming it, and creates nothing', async () => {
+      const mistyped = join(dir, 'kyes.db');
+      const run = await cli('purge', '--database-url', mistyped);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain(mistyped);
+      expect(existsSync(mistyped)).toBe(false);
+    });
+
     it('migrate creates the table; purge deletes only expired records and prints the count', async () => {
       expect((await cli('migrate', '--database-url', file, '--table', 'keys')).code).toBe(0);
       const db = new Database(file);
