@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import fc from 'fast-check';
 import { afterEach, describe, expect, it } from 'vitest';
 import {
   type CapturedResponse,
@@ -262,6 +263,25 @@ describe('engine outcomes', () => {
     }
   });
 
+  it('by default releases 400, 413, 415, 422 and 429 and keeps every other status below 500', async () => {
+    const idem = engine();
+    for (const status of [400, 413, 415, 422, 429]) {
+      const key = `released-${status}`;
+      const refused = counter({ status });
+      expect((await idem.handle(request(key, { isbn: 'K-99' }), refused.run)).kind).toBe('executed');
+      // The corrected request under the same key runs: the refusal did not burn the key.
+      const corrected = counter();
+      expect((await idem.handle(request(key), corrected.run)).kind).toBe('executed');
+      expect(corrected.runs).toBe(1);
+    }
+    for (const status of [200, 201, 202, 204, 301, 401, 403, 404, 409, 410]) {
+      const key = `kept-${status}`;
+      await idem.handle(request(key), counter({ status }).run);
+      const retry = await idem.handle(request(key), counter().run);
+      expect(retry.kind === 'replayed' && retry.response.status, String(status)).toBe(status);
+    }
+  });
+
   it('lets storeStatus decide what is kept', async () => {
     const idem = engine({ storeStatus: (status) => status < 400 });
     const handler = counter({ status: 422 });
@@ -375,6 +395,44 @@ describe('engine outcomes', () => {
     await idem.handle(request('k1', undefined, { raw: { token: 'b' } }), run);
     expect(keys).toEqual(['k1', 'k1']);
     expect(new Set(derived).size).toBe(4);
+  });
+
+  it('never answers 5xx nor throws, whatever the body: executes once, then replays', async () => {
+    const idem = engine();
+    const deep = `${'['.repeat(200_000)}${']'.repeat(200_000)}`;
+    // JSON texts RFC 8785 has no canonical form for, or too deep for a recursive canonicaliser.
+    const edge = fc.constantFrom('1e400', '-1e400', '"\\ud800"', '"a\\udc00b"', '{"n":1e999}', deep);
+    const anyCodeUnit = fc.integer({ min: 0, max: 0xffff }).map((c) => String.fromCharCode(c));
+    const text = fc.oneof(
+      fc.json(),
+      fc.jsonValue({ stringUnit: anyCodeUnit }).map((value) => JSON.stringify(value)),
+      fc.tuple(fc.jsonValue(), edge).map(([value, edgeText]) => `[${JSON.stringify(value)},${edgeText}]`),
+      edge,
+    );
+    const body = fc.oneof(
+      text.map((t) => Buffer.from(t)),
+      fc.uint8Array({ maxLength: 64 }).map((bytes) => Buffer.from(bytes)),
+    );
+    const contentType = fc.constantFrom(
+      'application/json',
+      'application/merge-patch+json',
+      'text/plain',
+      undefined,
+    );
+    let n = 0;
+    await fc.assert(
+      fc.asyncProperty(body, contentType, async (bytes, type) => {
+        const key = `prop-${n++}`;
+        const at = () => request(key, undefined, { contentType: type, readBody: async () => bytes });
+        const handler = counter();
+        const first = await idem.handle(at(), handler.run);
+        expect(first.kind === 'executed' && first.response.status).toBe(201);
+        const retry = await idem.handle(at(), handler.run);
+        expect(retry.kind === 'replayed' && retry.response.status).toBe(201);
+        expect(handler.runs).toBe(1);
+      }),
+      { numRuns: 300 },
+    );
   });
 
   it('maps a 413 thrown by the body reader to a rejection', async () => {

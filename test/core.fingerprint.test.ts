@@ -37,6 +37,52 @@ describe('fingerprint', () => {
     expect(fp('a b')).not.toBe(fp('a  b'));
   });
 
+  it('keeps the byte domain apart from the canonical JSON one, even for a path with a line break', () => {
+    // Before the domains were separated, both hashed "POST\n/x\nbytes\njson\n{"a":1}".
+    expect(fp('json\n{"a":1}', 'text/plain', 'POST', '/x')).not.toBe(
+      fp('{"a":1}', json, 'POST', '/x\nbytes'),
+    );
+    fc.assert(
+      fc.property(fc.jsonValue(), (value) => {
+        const text = canonicalize(value)!;
+        expect(fp(text, 'text/plain')).not.toBe(fp(text));
+      }),
+    );
+  });
+
+  it('hashes JSON that has no canonical form (1e400, a lone surrogate, deep nesting) as bytes', () => {
+    const deep = `${'['.repeat(200_000)}${']'.repeat(200_000)}`;
+    for (const body of ['{"n":1e400}', '["\\ud800"]', deep]) {
+      expect(fp(body)).toBe(fp(body, 'text/plain'));
+      expect(fp(body)).not.toBe(fp(` ${body}`));
+    }
+    const nested = (levels: number) => `${'['.repeat(levels)}${']'.repeat(levels)}`;
+    expect(fp(nested(500))).toBe(fp(` ${nested(500)}`));
+    expect(fp(nested(501))).not.toBe(fp(` ${nested(501)}`));
+  });
+
+  it('lets a body mapper that throws fall back to the bytes', () => {
+    const at = (body: string) =>
+      fingerprint({ method: 'POST', path: '/x', contentType: json, body: Buffer.from(body) }, (parsed) => {
+        const { sentAt: _, ...rest } = parsed as { sentAt?: string };
+        return rest;
+      });
+    expect(at('null')).toBe(fp('null', 'text/plain', 'POST', '/x'));
+  });
+
+  it('reads an absolute-form target as its path and query', () => {
+    const body = '{"a":1}';
+    expect(fp(body, json, 'POST', 'http://127.0.0.1:8483/loans')).toBe(fp(body));
+    expect(fp(body, json, 'POST', 'HTTPS://user@desk.example/loans?x=1')).toBe(
+      fp(body, json, 'POST', '/loans?x=1'),
+    );
+    expect(fp(body, json, 'POST', 'http://desk.example')).toBe(fp(body, json, 'POST', '/'));
+    expect(fp(body, json, 'POST', 'http://desk.example?x=1')).toBe(fp(body, json, 'POST', '/?x=1'));
+    // Origin-form paths are taken as sent: a router may route these apart.
+    expect(fp(body, json, 'POST', '//desk.example/loans')).not.toBe(fp(body));
+    expect(fp(body, json, 'POST', '/a/../loans')).not.toBe(fp(body));
+  });
+
   it('accepts +json media types with parameters', () => {
     expect(fp('{"b":1,"a":2}', 'application/merge-patch+json; charset=utf-8')).toBe(fp('{"a":2,"b":1}'));
   });

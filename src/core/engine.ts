@@ -21,12 +21,24 @@ export const DEFAULT_REPLAY_HEADERS = [
   'etag',
   'last-modified',
   'link',
+  // A body captured after compression is stored compressed: its replay needs the encoding.
+  'content-encoding',
+  'vary',
 ] as const;
 
 /** Headers that never reach storage, whatever the allowlist says. */
 const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);
 
 export const REPLAYED_HEADER = 'idempotency-replayed';
+
+// Answers to requests that were never accepted: saving them would make the corrected request,
+// sent with the same key, a 409 for the whole retention window (Stripe does not save them either).
+const NOT_ACCEPTED = new Set([400, 413, 415, 422, 429]);
+
+/** `storeStatus`'s default: every status below 500 except 400, 413, 415, 422 and 429. */
+export function defaultStoreStatus(status: number): boolean {
+  return status < 500 && !NOT_ACCEPTED.has(status);
+}
 
 /**
  * Options of `createIdempotency`. Every duration is ms or a string like `'30s'`, `'7d'`.
@@ -65,7 +77,12 @@ export interface IdempotencyOptions<Req = unknown> {
   fingerprintBody?: FingerprintBody;
   /** Extra response headers to store and replay, besides the defaults. @default [] */
   replayHeaders?: readonly string[];
-  /** Which statuses are saved; the others release the key so a retry runs again. @default status < 500 */
+  /**
+   * Which statuses are saved; the others release the key, so a retry runs again. By default
+   * 5xx are released (the retry may succeed), and so are 400, 413, 415, 422 and 429: the request
+   * was never accepted, and the corrected one may reuse the key. Compose with `defaultStoreStatus`.
+   * @default defaultStoreStatus: status < 500, except 400, 413, 415, 422, 429
+   */
   storeStatus?: (status: number) => boolean;
   /** Shortest and longest key accepted. @default 1, 255 */
   minKeyLength?: number;
@@ -256,7 +273,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   const scopeOf = userScope
     ? (request: IncomingRequest<Req>) => userScope(request.raw)
     : (request: IncomingRequest<Req>) => credentialScope(request.authorization);
-  const storeStatus = options.storeStatus ?? ((status: number) => status < 500);
+  const storeStatus = options.storeStatus ?? defaultStoreStatus;
   const replayHeaders = new Set(
     [...DEFAULT_REPLAY_HEADERS, ...(options.replayHeaders ?? [])].map((h) => h.toLowerCase()),
   );

@@ -4,7 +4,7 @@ import canonicalize from 'canonicalize';
 /** The parts of a request that decide whether a retry is the same request. */
 export interface FingerprintInput {
   method: string;
-  /** Path and query string as the client sent them. */
+  /** The request target as the client sent it: path and query, or absolute-form (`http://host/path`). */
   path: string;
   contentType: string | undefined;
   body: Uint8Array;
@@ -15,27 +15,65 @@ export type FingerprintBody = (body: unknown) => unknown;
 
 const JSON_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
 
+// An absolute-form target (RFC 9112 §3.2.2), as sent to proxies and accepted by origin servers.
+const SCHEME_AND_AUTHORITY = /^[a-z][a-z\d+.-]*:\/\/[^/?#]*/i;
+
+/**
+ * JSON nested deeper than this is hashed as bytes. canonicalize recurses once per level and runs
+ * out of stack near 1,800 levels from an empty stack, fewer under a deep framework stack; a fixed
+ * bound, well below that, decides the same way for the same body wherever it is called from.
+ */
+const MAX_CANONICAL_DEPTH = 500;
+
 /**
  * sha256 over method, path and body. A JSON body is hashed in its RFC 8785 canonical form, so key
- * order and whitespace do not make two equal requests differ; any other body is hashed as bytes.
+ * order and whitespace do not make two equal requests differ; any other body is hashed as bytes,
+ * and so is JSON that has no canonical form (`1e400`, a lone surrogate, nesting past 500 levels).
  */
 export function fingerprint(input: FingerprintInput, mapBody?: FingerprintBody): string {
-  const head = `${input.method.toUpperCase()}\n${input.path}\n`;
+  const head = `${input.method.toUpperCase()}\n${originForm(input.path)}\n`;
   const canonical =
     input.contentType && JSON_TYPE.test(input.contentType) ? canonicalJson(input.body, mapBody) : undefined;
   const hash = createHash('sha256');
-  if (canonical === undefined) hash.update(`${head}bytes\n`).update(input.body);
+  // The byte domain starts with a NUL, which no method (an HTTP token) contains, so a body hashed
+  // as bytes never collides with a canonical one, whatever the path holds.
+  if (canonical === undefined) hash.update(`\0bytes\n${head}`).update(input.body);
   else hash.update(`${head}json\n${canonical}`);
   return hash.digest('hex');
 }
 
+/** `http://host/loans?x=1` → `/loans?x=1`; origin-form is kept as sent, since routers see it so. */
+function originForm(target: string): string {
+  const authority = SCHEME_AND_AUTHORITY.exec(target);
+  if (authority === null) return target;
+  const rest = target.slice(authority[0].length);
+  return rest.startsWith('/') ? rest : `/${rest}`;
+}
+
 function canonicalJson(body: Uint8Array, mapBody?: FingerprintBody): string | undefined {
-  let parsed: unknown;
   try {
-    parsed = JSON.parse(Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString('utf8'));
+    const parsed: unknown = JSON.parse(
+      Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString('utf8'),
+    );
+    // Nesting needs a byte per level, so a body this short cannot be too deep.
+    if (body.byteLength > MAX_CANONICAL_DEPTH && deeperThan(parsed, MAX_CANONICAL_DEPTH)) return undefined;
+    return canonicalize(mapBody ? mapBody(parsed) : parsed);
   } catch {
-    // Not JSON after all: the bytes are the request; the handler will answer the parse error.
+    // Not JSON after all, JSON with no RFC 8785 form, or a body the mapper refuses: the bytes are
+    // the request, and the handler answers what it makes of them.
     return undefined;
   }
-  return canonicalize(mapBody ? mapBody(parsed) : parsed);
+}
+
+function deeperThan(value: unknown, limit: number): boolean {
+  const pending: Array<[object, number]> = [];
+  if (typeof value === 'object' && value !== null) pending.push([value, 1]);
+  for (let next = pending.pop(); next !== undefined; next = pending.pop()) {
+    const [node, depth] = next;
+    if (depth > limit) return true;
+    for (const child of Object.values(node)) {
+      if (typeof child === 'object' && child !== null) pending.push([child, depth + 1]);
+    }
+  }
+  return false;
 }

@@ -4,6 +4,7 @@ export {
   type CapturedResponse,
   createIdempotency,
   DEFAULT_REPLAY_HEADERS,
+  defaultStoreStatus,
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
