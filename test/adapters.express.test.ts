@@ -191,6 +191,9 @@ describe('express specifics', () => {
           a.post('/validation', express.json(), idempotency({ store }), () => {
             throw Object.assign(new Error('bad isbn'), { status: 422 });
           });
+          a.post('/forbidden', express.json(), idempotency({ store }), () => {
+            throw Object.assign(new Error('not yours'), { status: 403 });
+          });
           a.use('/next-errors-custom', ((error: IdempotencyError, _req, res, _next) => {
             res.status(error.statusCode).set(error.headers).json({ custom: error.code });
           }) as (error: IdempotencyError, req: Request, res: Response, next: NextFunction) => void);
@@ -248,11 +251,18 @@ describe('express specifics', () => {
       });
 
       it('a 4xx the error middleware renders for a thrown error is what is stored and replayed', async () => {
-        const first = await post(app, '/validation', `validation-${version}`);
-        expect(first.status).toBe(422);
-        const replay = await post(app, '/validation', `validation-${version}`);
-        expect(replay.status).toBe(422);
+        const first = await post(app, '/forbidden', `forbidden-${version}`);
+        expect(first.status).toBe(403);
+        const replay = await post(app, '/forbidden', `forbidden-${version}`);
+        expect(replay.status).toBe(403);
         expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      });
+
+      it('a 422 the error middleware renders is answered but not stored: the retry runs again', async () => {
+        expect((await post(app, '/validation', `validation-${version}`)).status).toBe(422);
+        const again = await post(app, '/validation', `validation-${version}`);
+        expect(again.status).toBe(422);
+        expect(again.headers.get('idempotency-replayed')).toBeNull();
       });
     });
   }

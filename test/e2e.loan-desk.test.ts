@@ -267,7 +267,7 @@ describe.each(setups)('loan desk on $name', (setup) => {
     expect(await count()).toBe(before);
   });
 
-  it('unknown isbn or member is 422 validation with the field, stored under the key, nothing lent', async () => {
+  it('unknown isbn or member is 422 validation with the field, not stored under the key, nothing lent', async () => {
     const before = await count();
     const noBook = await postLoan(base, intent({ isbn: 'K-99' }));
     expect(noBook.status).toBe(422);
@@ -278,12 +278,29 @@ describe.each(setups)('loan desk on $name', (setup) => {
     const k = key();
     const body = intent({ isbn: 'K-404' });
     const keyed = await postLoan(base, body, { key: k });
-    const replay = await postLoan(base, body, { key: k });
+    const again = await postLoan(base, body, { key: k });
     expect(keyed.status).toBe(422);
-    expect(replay.status).toBe(422);
-    expect(replay.text).toBe(keyed.text);
-    expect(replay.headers.get('idempotency-replayed')).toBe('true');
+    expect(again.status).toBe(422);
+    expect(again.headers.get('idempotency-replayed')).toBeNull();
     expect(await count()).toBe(before);
+    // The refusal did not burn the key: the corrected intent under it lends once, then replays.
+    const corrected = intent();
+    const lent = await postLoan(base, corrected, { key: k });
+    expect(lent.status).toBe(201);
+    const replay = await postLoan(base, corrected, { key: k });
+    expect(replay.headers.get('idempotency-replayed')).toBe('true');
+    expect(replay.body.id).toBe(lent.body.id);
+    expect(await count()).toBe(before + 1);
+  });
+
+  it('invalid JSON is 400 and frees the key for the corrected body', async () => {
+    const before = await count();
+    const k = key();
+    expect((await postLoan(base, '{"member":', { key: k })).status).toBe(400);
+    const corrected = await postLoan(base, intent(), { key: k });
+    expect(corrected.status).toBe(201);
+    expect(corrected.headers.get('idempotency-replayed')).toBeNull();
+    expect(await count()).toBe(before + 1);
   });
 
   it('bad input is a 4xx JSON error, creates nothing, and the desk stays up', async () => {

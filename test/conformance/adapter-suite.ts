@@ -27,7 +27,8 @@ import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support
  * (`n` is the handler's call count for that method and path, from {@link countCall}):
  *
  * - `POST|PATCH /orders`: 201, JSON {@link orderJson} sent the framework's usual way, with headers
- *   {@link orderHeaders} (location, etag, set-cookie, x-trace).
+ *   {@link orderHeaders} (location, etag, set-cookie, x-trace). A JSON body `{"status":S}` is
+ *   refused instead, as a validating handler would: S, JSON `{"error":"refused","n":n}`.
  * - `GET|HEAD|PUT|DELETE /orders`: 200, JSON `{"n":n,"key":<ctx key or null>}`.
  * - `POST /text`: 200 `text/plain; charset=utf-8` `made <n>`.
  * - `POST /buffer?size=S`: 200 `application/octet-stream`, `pattern(n, S)` sent in one piece.
@@ -139,9 +140,13 @@ export function plan(
     json: orderJson(n, ctx, parsedJson(received)),
   };
   if (path === '/orders') {
-    return method === 'POST' || method === 'PATCH'
-      ? order
-      : { kind: 'json', status: 200, headers: {}, json: { n, key: ctx?.key ?? null } };
+    if (method !== 'POST' && method !== 'PATCH') {
+      return { kind: 'json', status: 200, headers: {}, json: { n, key: ctx?.key ?? null } };
+    }
+    const refusal = (parsedJson(received) as { status?: unknown } | null)?.status;
+    return typeof refusal === 'number'
+      ? { kind: 'json', status: refusal, headers: {}, json: { error: 'refused', n } }
+      : order;
   }
   const octets = { 'content-type': 'application/octet-stream' };
   switch (path) {
@@ -248,7 +253,9 @@ function rawPost(
       const text = Buffer.concat(chunks).toString('latin1');
       resolve({ status: Number(text.split(' ')[1]), text });
     });
-    socket.end(request);
+    // Not end(): a server may drop a half-closed connection before a slow store lets it answer;
+    // `Connection: close` makes it close once it has.
+    socket.write(request);
   });
 }
 
@@ -451,6 +458,51 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(Object.values(app.calls)).toEqual([1]);
           }),
         );
+
+        it('JSON with no canonical form (1e400, a lone surrogate, 200,000 nested arrays): the handler answers, and a retry replays', () =>
+          withApp({}, async (app) => {
+            const bodies = ['{"n":1e400}', '{"s":"\\ud800"}', `${'['.repeat(200_000)}${']'.repeat(200_000)}`];
+            for (const [i, body] of bodies.entries()) {
+              const key = newKey();
+              const first = await send(app, 'POST', '/text', { key, body });
+              expect(first.status, body.slice(0, 20)).toBe(200);
+              expect(first.body.toString()).toBe(`made ${i + 1}`);
+              expectReplayOf(await send(app, 'POST', '/text', { key, body }), first);
+            }
+            expect(app.calls['POST /text']).toBe(bodies.length);
+          }));
+
+        it('a refused request (400, 413, 415, 422, 429) is not saved: the corrected one runs under the same key', () =>
+          withApp({}, async (app) => {
+            for (const status of [400, 413, 415, 422, 429]) {
+              const key = newKey();
+              const refused = await send(app, 'POST', '/orders', { key, body: { status } });
+              expect(refused.status).toBe(status);
+              expect(refused.json()).toMatchObject({ error: 'refused' });
+              const corrected = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+              expect(corrected.status, String(status)).toBe(201);
+              expect(corrected.headers.get('idempotency-replayed')).toBeNull();
+              expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 } }), corrected);
+            }
+            // Any other answer below 500 is the operation's outcome: kept, so another body conflicts.
+            const key = newKey();
+            const forbidden = await send(app, 'POST', '/orders', { key, body: { status: 403 } });
+            expect(forbidden.status).toBe(403);
+            expectReplayOf(await send(app, 'POST', '/orders', { key, body: { status: 403 } }), forbidden);
+            expectError(await send(app, 'POST', '/orders', { key, body: { a: 1 } }), 409, 'key_conflict');
+            expect(app.calls['POST /orders']).toBe(11);
+          }));
+
+        it('an absolute-form target (POST http://host/orders) and its origin-form retry name one operation', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const first = await rawPost(app, `${app.url}/orders`, [Buffer.from(`Idempotency-Key: ${key}`)]);
+            expect(first.status).toBe(201);
+            const retry = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            expect(retry.status).toBe(201);
+            expect(retry.headers.get('idempotency-replayed')).toBe('true');
+            expect(app.calls['POST /orders']).toBe(1);
+          }));
 
         it('PATCH is guarded like POST', () =>
           withApp({}, async (app) => {
@@ -755,6 +807,17 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
                 expect(first.status).toBe(201);
                 expect(first.json()).toMatchObject({ n: 1, key, tx: true });
                 expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 } }), first);
+              }),
+            );
+
+            it(
+              'a refused request (422) is rolled back: the corrected one runs under the same key',
+              atomic(async (app) => {
+                const key = newKey();
+                expect((await send(app, 'POST', '/orders', { key, body: { status: 422 } })).status).toBe(422);
+                const corrected = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+                expect(corrected.status).toBe(201);
+                expectReplayOf(await send(app, 'POST', '/orders', { key, body: { a: 1 } }), corrected);
               }),
             );
 
