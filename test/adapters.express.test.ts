@@ -2,6 +2,7 @@ import http from 'node:http';
 import { createRequire } from 'node:module';
 import { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
+import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type ExpressIdempotencyOptions, idempotency } from '../src/adapters/express.js';
@@ -110,6 +111,11 @@ describeAdapterConformance(expressAdapter('express 4 (express.json() first)', ex
 ]);
 describeAdapterConformance(expressAdapter('express 5 (no body parser)', express5, false, true), [memory]);
 
+/** A JSON answer large enough for any compression middleware's threshold. */
+const catalogPage = {
+  books: Array.from({ length: 100 }, (_, i) => ({ isbn: `K-${i}`, title: `Book ${i}` })),
+};
+
 describe('express specifics', () => {
   const store = memoryStore();
   const apps: RunningApp[] = [];
@@ -191,6 +197,14 @@ describe('express specifics', () => {
           a.post('/validation', express.json(), idempotency({ store }), () => {
             throw Object.assign(new Error('bad isbn'), { status: 422 });
           });
+          // compression() after the middleware: what the middleware captures is already gzip.
+          a.post(
+            '/compressed',
+            express.json(),
+            idempotency({ store }),
+            compression({ threshold: 0 }),
+            (_req, res) => res.status(201).json(catalogPage),
+          );
           a.post('/forbidden', express.json(), idempotency({ store }), () => {
             throw Object.assign(new Error('not yours'), { status: 403 });
           });
@@ -256,6 +270,30 @@ describe('express specifics', () => {
         const replay = await post(app, '/forbidden', `forbidden-${version}`);
         expect(replay.status).toBe(403);
         expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      });
+
+      it('compression() after the middleware: the replay keeps content-encoding and decodes to the same JSON', async () => {
+        const gzip = async () => {
+          const res = await fetch(`${app.url}/compressed`, {
+            method: 'POST',
+            headers: {
+              'content-type': 'application/json',
+              'accept-encoding': 'gzip',
+              'idempotency-key': `compressed-${version}`,
+            },
+            body: '{}',
+          });
+          return { status: res.status, headers: res.headers, text: await res.text() };
+        };
+        const first = await gzip();
+        expect(first.status).toBe(201);
+        expect(first.headers.get('content-encoding')).toBe('gzip');
+        const replay = await gzip();
+        expect(replay.headers.get('idempotency-replayed')).toBe('true');
+        expect(replay.headers.get('content-encoding')).toBe('gzip');
+        expect(replay.headers.get('vary')).toBe(first.headers.get('vary'));
+        expect(JSON.parse(replay.text)).toEqual(catalogPage);
+        expect(JSON.parse(first.text)).toEqual(catalogPage);
       });
 
       it('a 422 the error middleware renders is answered but not stored: the retry runs again', async () => {

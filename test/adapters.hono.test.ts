@@ -1,7 +1,9 @@
 import type { Server } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { gunzipSync } from 'node:zlib';
 import { createAdaptorServer } from '@hono/node-server';
 import { type Context, Hono } from 'hono';
+import { compress } from 'hono/compress';
 import { HTTPException } from 'hono/http-exception';
 import { streamText } from 'hono/streaming';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
@@ -103,6 +105,12 @@ describe('hono specifics', () => {
       }
     }),
   );
+  // compress() after the middleware: what the middleware captures is already gzip.
+  const catalogPage = {
+    books: Array.from({ length: 100 }, (_, i) => ({ isbn: `K-${i}`, title: `Book ${i}` })),
+  };
+  app.use('/compressed', idempotency({ store }), compress());
+  app.post('/compressed', (c) => c.json(catalogPage, 201));
   app.post('/validation', () => {
     throw new HTTPException(422, { message: 'bad isbn' });
   });
@@ -162,6 +170,30 @@ describe('hono specifics', () => {
     const replay = await call('/streamed', 'stream-1');
     expect(replay.headers.get('idempotency-replayed')).toBe('true');
     expect(await replay.text()).toBe(text);
+  });
+
+  it('compress() after the middleware: the replay keeps content-encoding and decodes to the same JSON', async () => {
+    const gzip = async () => {
+      const res = await app.request('/compressed', {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          'accept-encoding': 'gzip',
+          'idempotency-key': 'gzip-1',
+        },
+        body: '{}',
+      });
+      return { res, bytes: Buffer.from(await res.arrayBuffer()) };
+    };
+    const first = await gzip();
+    expect(first.res.status).toBe(201);
+    expect(first.res.headers.get('content-encoding')).toBe('gzip');
+    const replay = await gzip();
+    expect(replay.res.headers.get('idempotency-replayed')).toBe('true');
+    expect(replay.res.headers.get('content-encoding')).toBe('gzip');
+    expect(replay.res.headers.get('vary')).toBe(first.res.headers.get('vary'));
+    expect(JSON.parse(gunzipSync(replay.bytes).toString())).toEqual(catalogPage);
+    expect(JSON.parse(gunzipSync(first.bytes).toString())).toEqual(catalogPage);
   });
 
   it('an HTTPException the handler throws releases the key, whatever its status', async () => {
