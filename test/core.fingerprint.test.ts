@@ -61,6 +61,14 @@ describe('fingerprint', () => {
     expect(fp(nested(501))).not.toBe(fp(` ${nested(501)}`));
   });
 
+  it('hashes JSON that is not UTF-8 as bytes, so two different bodies never share a fingerprint', () => {
+    const latin1 = (text: string) =>
+      fingerprint({ method: 'POST', path: '/loans', contentType: json, body: Buffer.from(text, 'latin1') });
+    // Both decode to "\ufffd" when invalid bytes are replaced.
+    expect(latin1('{"a":"\xff"}')).not.toBe(latin1('{"a":"\xfe"}'));
+    expect(latin1('\xef\xbb\xbf{"a":1}')).not.toBe(fp('{"a":1}'));
+  });
+
   it('lets a body mapper that throws fall back to the bytes', () => {
     const at = (body: string) =>
       fingerprint({ method: 'POST', path: '/x', contentType: json, body: Buffer.from(body) }, (parsed) => {

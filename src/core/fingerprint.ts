@@ -25,6 +25,10 @@ const SCHEME_AND_AUTHORITY = /^[a-z][a-z\d+.-]*:\/\/[^/?#]*/i;
  */
 const MAX_CANONICAL_DEPTH = 500;
 
+// JSON is UTF-8 (RFC 8259 §8.1): replacing bad bytes with U+FFFD would make different bodies one
+// value, and a kept BOM makes JSON.parse refuse the body as the handler's parser would.
+const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
 /**
  * sha256 over method, path and body. A JSON body is hashed in its RFC 8785 canonical form, so key
  * order and whitespace do not make two equal requests differ; any other body is hashed as bytes,
@@ -52,15 +56,15 @@ function originForm(target: string): string {
 
 function canonicalJson(body: Uint8Array, mapBody?: FingerprintBody): string | undefined {
   try {
-    const parsed: unknown = JSON.parse(
-      Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString('utf8'),
-    );
-    // Nesting needs a byte per level, so a body this short cannot be too deep.
-    if (body.byteLength > MAX_CANONICAL_DEPTH && deeperThan(parsed, MAX_CANONICAL_DEPTH)) return undefined;
+    const parsed: unknown = JSON.parse(UTF8.decode(body));
+    // Each level takes two bytes, so a body this short cannot be too deep.
+    if (body.byteLength > 2 * MAX_CANONICAL_DEPTH && deeperThan(parsed, MAX_CANONICAL_DEPTH)) {
+      return undefined;
+    }
     return canonicalize(mapBody ? mapBody(parsed) : parsed);
   } catch {
-    // Not JSON after all, JSON with no RFC 8785 form, or a body the mapper refuses: the bytes are
-    // the request, and the handler answers what it makes of them.
+    // Not UTF-8 JSON after all, JSON with no RFC 8785 form, or a body the mapper refuses: the
+    // bytes are the request, and the handler answers what it makes of them.
     return undefined;
   }
 }
