@@ -10,8 +10,12 @@ import { getJson, type LoanDesk, listLoans, startLoanDesk } from './support/loan
 
 const PENDING = 'loan-desk:pending-intent';
 const TEST_TIMEOUT_MS = 60_000;
-/** Chromium logs each failed request as a console error; only the faults a test causes may appear. */
-const NETWORK_FAILURE = /^Failed to load resource: net::ERR_(CONNECTION_RESET|EMPTY_RESPONSE|FAILED|ABORTED)/;
+/**
+ * Chromium logs each failed request (network error or 4xx/5xx) as a console error: allowed only in
+ * tests that cause such failures on purpose; any other console error fails the test.
+ */
+const FAILED_REQUEST =
+  /^Failed to load resource: (net::ERR_(CONNECTION_RESET|EMPTY_RESPONSE|FAILED|ABORTED)|the server responded with a status of \d{3})/;
 
 /** A promise and the function that resolves it. */
 function signal<T = void>(): { promise: Promise<T>; resolve: (value: T) => void } {
@@ -31,7 +35,7 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
   let context: BrowserContext;
   let pageErrors: string[];
   let consoleErrors: string[];
-  let networkFaults: boolean;
+  let failingRequests: boolean;
 
   beforeAll(async () => {
     [desk, browser] = await Promise.all([startLoanDesk({ env: { DEMO_FAULTS: '1' } }), launchChromium()]);
@@ -45,15 +49,15 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
   afterEach(async () => {
     await context?.close();
     expect(pageErrors).toEqual([]);
-    const unexpected = consoleErrors.filter((text) => !(networkFaults && NETWORK_FAILURE.test(text)));
+    const unexpected = consoleErrors.filter((text) => !(failingRequests && FAILED_REQUEST.test(text)));
     expect(unexpected).toEqual([]);
   });
 
   /** A fresh context (empty localStorage) on the desk's page, ready for a press. */
-  async function openDesk({ faults = false } = {}): Promise<Page> {
+  async function openDesk(options: { failingRequests?: boolean } = {}): Promise<Page> {
     pageErrors = [];
     consoleErrors = [];
-    networkFaults = faults;
+    failingRequests = options.failingRequests ?? false;
     context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
     context.setDefaultTimeout(15_000);
     const page = await context.newPage();
@@ -62,7 +66,7 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
       if (message.type() === 'error') consoleErrors.push(message.text());
     });
     await page.goto(`${desk.baseUrl}/`);
-    await expect.poll(() => page.locator('#status').textContent()).toBe('Ready.');
+    await page.locator('#status', { hasText: /^Ready\.$/ }).waitFor();
     return page;
   }
 
@@ -70,8 +74,8 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
 
   /** Waits for the intent in flight to end, and answers the status line and the attempt log. */
   async function settled(page: Page): Promise<{ status: string; attempts: string[] }> {
-    await expect.poll(() => issueButton(page).isEnabled()).toBe(true);
     await page.locator('#status.done, #status.error').waitFor();
+    await expect.poll(() => issueButton(page).isEnabled(), { timeout: 15_000 }).toBe(true);
     return {
       status: (await page.locator('#status').textContent()) ?? '',
       attempts: await page.locator('#attempts li').allTextContents(),
@@ -108,7 +112,7 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
   it(
     'three presses whose every answer is lost once after the desk answered lend exactly three books',
     async () => {
-      const page = await openDesk({ faults: true });
+      const page = await openDesk({ failingRequests: true });
       const before = (await listLoans(desk.baseUrl)).length;
       const sent: string[] = [];
       const lost = new Set<string>();
@@ -148,7 +152,7 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
   it(
     'a reload while a loan is pending resends it with the same key: one loan',
     async () => {
-      const page = await openDesk({ faults: true });
+      const page = await openDesk({ failingRequests: true });
       const before = (await listLoans(desk.baseUrl)).length;
       const keys: string[] = [];
       const firstAnswered = signal();
@@ -187,7 +191,7 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
   it(
     'the lossy-network switch: the desk loses the first answer and the retry receives the same loan',
     async () => {
-      const page = await openDesk({ faults: true });
+      const page = await openDesk({ failingRequests: true });
       const before = (await listLoans(desk.baseUrl)).length;
       await page.getByLabel('Lossy network').check();
       await issueButton(page).click();
@@ -198,6 +202,54 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
       ]);
       expect(status).toMatch(/the desk replayed it, so the book was lent once\.$/);
       expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    'errors are told in words; an unanswered loan stays pending and is resent with its key',
+    async () => {
+      const page = await openDesk({ failingRequests: true });
+      const answers: Array<{ status: number; body: object }> = [
+        { status: 422, body: { error: 'validation', field: 'isbn', message: 'No book with isbn K-01.' } },
+        { status: 422, body: { error: 'validation', field: 'member', message: 'No member with id U-1001.' } },
+        { status: 409, body: { error: 'key_conflict', key: 'k' } },
+      ];
+      const keys: string[] = [];
+      await page.route('**/loans', async (route: Route) => {
+        if (!isLoanPost(route.request())) return route.continue();
+        keys.push(route.request().headers()['idempotency-key']!);
+        const answer = answers[0] ?? { status: 503, body: { error: 'database_unavailable' } };
+        if (answers.length > 0) answers.shift();
+        await route.fulfill({ status: answer.status, json: answer.body });
+      });
+      const expected = [
+        'That book is not in the catalogue; nothing was lent.',
+        'That member is not registered; nothing was lent.',
+        /^This loan’s key was already used for a different loan, so nothing was lent\./,
+      ];
+      for (const text of expected) {
+        await issueButton(page).click();
+        const { status } = await settled(page);
+        expect(status).toMatch(text);
+        expect(await page.evaluate((name) => localStorage.getItem(name), PENDING)).toBeNull();
+      }
+      expect(new Set(keys).size).toBe(3);
+
+      await issueButton(page).click();
+      const { status, attempts } = await settled(page);
+      expect(status).toMatch(
+        /^The desk’s database is not answering\. Press Issue loan to send the same loan again/,
+      );
+      expect(attempts.at(-1)).toBe('attempt 5: 503');
+      const pending = JSON.parse((await page.evaluate((name) => localStorage.getItem(name), PENDING))!);
+      expect(await page.getByLabel('Book').isDisabled()).toBe(true);
+      await page.unroute('**/loans');
+      await issueButton(page).click();
+      expect((await settled(page)).status).toMatch(/^Loan #\d+ issued/);
+      expect(keys.slice(3)).toEqual(Array(5).fill(pending.key));
+      expect((await getJson(desk.baseUrl, `/admin/keys/anonymous/${pending.key}`)).status).toBe(200);
+      expect(await page.getByLabel('Book').isDisabled()).toBe(false);
     },
     TEST_TIMEOUT_MS,
   );

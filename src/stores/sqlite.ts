@@ -233,13 +233,16 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   // One statement per shape, each a range scan of the primary key, so a deep page costs no more
   // than the first.
   const listStatements = new Map<string, Database.Statement<[Record<string, unknown>], SummaryRow>>();
-  function listStatement(byScope: boolean, afterCursor: boolean) {
-    const shape = `${byScope}:${afterCursor}`;
+  // Within one scope `key > ?` rather than the row value: SQLite's planner then ranges over both
+  // columns of the key instead of scanning the scope from its start.
+  function listStatement(byScope: boolean, after: 'none' | 'key' | 'row') {
+    const shape = `${byScope}:${after}`;
     let statement = listStatements.get(shape);
     if (!statement) {
       const where = ['expires_at_ms > @nowMs'];
       if (byScope) where.push('scope = @scope');
-      if (afterCursor) where.push('(scope, key) > (@afterScope, @afterKey)');
+      if (after === 'key') where.push('key > @afterKey');
+      if (after === 'row') where.push('(scope, key) > (@afterScope, @afterKey)');
       statement = db.prepare(
         `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT @limit`,
       );
@@ -423,7 +426,8 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
 
   async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
     const { limit, scope, after } = listRequest('sqliteStore.list', options, 2);
-    const rows = listStatement(scope !== undefined, after !== undefined).all({
+    const position = !after ? 'none' : scope !== undefined && after[0] === scope ? 'key' : 'row';
+    const rows = listStatement(scope !== undefined, position).all({
       nowMs: Date.now(),
       scope,
       afterScope: after?.[0],
