@@ -1,13 +1,8 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { isIP } from 'node:net';
+import { sendJson as send } from './respond.js';
 
-const JSON_TYPE = 'application/json; charset=utf-8';
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '[::1]']);
-
-function send(res, status, payload, headers = {}) {
-  res.writeHead(status, { 'content-type': JSON_TYPE, 'cache-control': 'no-store', ...headers });
-  res.end(payload === undefined ? undefined : JSON.stringify(payload));
-}
 
 const digest = (text) => createHash('sha256').update(text).digest();
 
