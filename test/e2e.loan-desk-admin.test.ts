@@ -84,7 +84,11 @@ describe('loan desk pages and admin API (loopback, no ADMIN_TOKEN)', () => {
     const client = await fetch(`${local()}/retrysafe/client/index.js`);
     expect(client.status).toBe(200);
     expect(await client.text()).toContain('createRetryingFetch');
-    for (const path of ['/retrysafe/client/missing.js', '/retrysafe/../examples/library-loans/app.js', '/pages/../app.js']) {
+    for (const path of [
+      '/retrysafe/client/missing.js',
+      '/retrysafe/../examples/library-loans/app.js',
+      '/pages/../app.js',
+    ]) {
       expect(await rawGetStatus(desk.port, path)).toBe(404);
     }
     const members = await getJson(local(), '/members');
