@@ -21,6 +21,7 @@ describe.skipIf(!hasRedis)('redis', () => {
     return {
       store: redisStore({ url: REDIS_URL, prefix }),
       expiresNatively: true,
+      listsInScanOrder: true,
       async cleanup() {
         await deleteKeys(admin, prefix);
         await admin.quit();

@@ -1,7 +1,9 @@
 import http from 'node:http';
 import { credentialScope } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
+import { adminRoutes } from './admin.js';
 import { openDatabase, openKeyStore } from './database.js';
+import { losingMarkedAnswers, webRoutes } from './web.js';
 
 const JSON_TYPE = 'application/json; charset=utf-8';
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
@@ -78,9 +80,20 @@ export function parseLoan(body) {
 /**
  * The loan desk's HTTP handler over a loan database (sqlite.js or postgres.js) and an idempotency
  * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
- * instead of lending the book again; without a key every call is a new loan.
+ * instead of lending the book again; without a key every call is a new loan. The pages and the
+ * admin API (web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`.
  */
-export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, required, encryptionKeys }) {
+export function loanDesk({
+  database,
+  store,
+  mode,
+  ttlMs,
+  leaseMs,
+  waitMs,
+  required,
+  encryptionKeys,
+  ...settings
+}) {
   const guard = idempotency({
     store,
     mode,
@@ -116,6 +129,10 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, requir
     send(res, 201, { id, member, isbn, issuedAt }, { location: `/loans/${id}` });
   });
 
+  const issueLoan = losingMarkedAnswers(createLoan, settings);
+  const web = webRoutes(settings);
+  const admin = adminRoutes({ store, adminToken: settings.adminToken });
+
   async function read(res, query) {
     try {
       const found = await query();
@@ -133,7 +150,7 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, requir
       send(res, 405, { error: 'method_not_allowed', allow: methods }, { allow: methods });
 
     if (pathname === '/loans') {
-      if (req.method === 'POST') return createLoan(req, res);
+      if (req.method === 'POST') return issueLoan(req, res);
       return reading ? read(res, () => database.listLoans()) : allow('GET, HEAD, POST');
     }
     const loanPath = /^\/loans\/([^/]+)$/.exec(pathname);
@@ -143,6 +160,9 @@ export function loanDesk({ database, store, mode, ttlMs, leaseMs, waitMs, requir
       return read(res, () => (id === undefined ? undefined : database.getLoan(id)));
     }
     if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
+    if (pathname === '/members')
+      return reading ? read(res, () => database.listMembers()) : allow('GET, HEAD');
+    if (web(req, res, pathname) || admin(req, res, pathname)) return;
     send(res, 404, { error: 'path_not_found' });
   };
 }

@@ -17,6 +17,9 @@ import ms from 'ms';
  *                            encrypted with the first and read with any (none: stored in clear)
  * PURGE_INTERVAL             how often expired keys are deleted (1m)
  * WORKERS                    processes sharing the port and the database (1)
+ * ADMIN_TOKEN                the bearer token /admin/keys requires; unset, it answers loopback only
+ * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
+ *                            marks); 0 (default): the mark is ignored
  */
 export function readConfig(env = process.env) {
   const fail = (name, expected) => {
@@ -84,6 +87,9 @@ export function readConfig(env = process.env) {
     }
   }
 
+  const demoFaults = env.DEMO_FAULTS || '0';
+  if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
+
   const ttlMs = duration('IDEMPOTENCY_TTL', '24h');
   return {
     host: env.HOST || '127.0.0.1',
@@ -99,6 +105,8 @@ export function readConfig(env = process.env) {
     encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
     workers: integer('WORKERS', 1, 1),
+    adminToken: env.ADMIN_TOKEN || undefined,
+    demoFaults: demoFaults === '1',
   };
 }
 

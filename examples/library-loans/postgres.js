@@ -68,6 +68,7 @@ export async function openPostgres({ url, schema, setup }) {
     getLoan: async (id) =>
       (await pool.query(`SELECT ${LOAN_COLUMNS} FROM ${s}.loan WHERE id = $1`, [id])).rows[0],
     listBooks: async () => (await pool.query(`SELECT isbn, title, author FROM ${s}.book ORDER BY isbn`)).rows,
+    listMembers: async () => (await pool.query(`SELECT id, name FROM ${s}.member ORDER BY id`)).rows,
     countLoans: async () => Number((await pool.query(`SELECT count(*) AS n FROM ${s}.loan`)).rows[0].n),
     close: () => store.close(),
   };

@@ -58,6 +58,7 @@ export async function openSqlite({ filename, setup }) {
   const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
   const loanCount = reader.prepare('SELECT count(*) FROM loan').pluck();
   const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
+  const allMembers = reader.prepare('SELECT id, name FROM member ORDER BY id');
 
   function lend(loan) {
     if (!bookExists.get(loan.isbn)) return { missing: 'isbn' };
@@ -72,6 +73,7 @@ export async function openSqlite({ filename, setup }) {
     listLoans: async () => allLoans.all(),
     getLoan: async (id) => oneLoan.get(id),
     listBooks: async () => allBooks.all(),
+    listMembers: async () => allMembers.all(),
     countLoans: async () => loanCount.get(),
     close: async () => {
       reader.close();

@@ -24,5 +24,9 @@ export {
   type ClaimResult,
   type IdempotencyStore,
   isAtomicStore,
+  type KeyPage,
+  type KeyRecordSummary,
+  type ListKeysOptions,
+  MAX_LIST_LIMIT,
   type StoredResponse,
 } from './types.js';

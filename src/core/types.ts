@@ -32,6 +32,46 @@ export type ClaimResult =
   | { outcome: 'mismatch' }
   | { outcome: 'in_progress'; retryAfterMs: number };
 
+/** The most records one `list` page may hold. */
+export const MAX_LIST_LIMIT = 1000;
+
+/** What `IdempotencyStore.list` is asked for. */
+export interface ListKeysOptions {
+  /** The `next` of the previous page (an opaque string); absent for the first page. */
+  after?: string;
+  /**
+   * The most records on this page, 1 to {@link MAX_LIST_LIMIT}.
+   * @default 100
+   */
+  limit?: number;
+  /** Only this scope's records. */
+  scope?: string;
+}
+
+/** A record as the admin API shows it: never its fingerprint, owner token, headers or body. */
+export interface KeyRecordSummary {
+  scope: string;
+  key: string;
+  state: 'in_progress' | 'completed';
+  /** The saved response's status; `null` while in progress. */
+  status: number | null;
+  createdAtMs: number;
+  /** When retention passes and the key names a new operation. */
+  expiresAtMs: number;
+  /**
+   * The owner's lease deadline while in progress (in the past once the lease has passed and a
+   * retry may take the key over); `null` once completed.
+   */
+  leaseUntilMs: number | null;
+}
+
+/** One page of `IdempotencyStore.list`. */
+export interface KeyPage {
+  records: KeyRecordSummary[];
+  /** Pass as `after` for the next page; `null` when the listing is complete. */
+  next: string | null;
+}
+
 /**
  * The contract every store implements and the conformance suite checks.
  *
@@ -58,6 +98,27 @@ export interface IdempotencyStore {
    * never a record whose lease is still live. Resolves with the number deleted.
    */
   purgeExpired(batchSize?: number): Promise<number>;
+  /**
+   * One page of the live records (retention not passed), for operators: the desk's `/keys` page, a
+   * CLI. Pages hold at most `limit` records and follow each other through `next`; a record that
+   * lives for the whole listing appears in it, one created or deleted meanwhile may or may not.
+   *
+   * Order: memory, SQLite and PostgreSQL go by scope, then key (keyset pagination on the primary
+   * key: code-unit order in memory, byte order in SQLite, the column's collation in PostgreSQL).
+   * Redis goes in `SCAN` order over its prefix, sorted within each `SCAN` batch; a page may there
+   * hold fewer than `limit` records (even none) while `next` is not `null`, and a record may appear
+   * twice if Redis rehashes during the listing.
+   */
+  list(options?: ListKeysOptions): Promise<KeyPage>;
+  /** The live record of `(scope, key)`, or `undefined` when there is none. */
+  get(scope: string, key: string): Promise<KeyRecordSummary | undefined>;
+  /**
+   * Deletes the live record of `(scope, key)`, whatever its state, and wakes its waiters; `false`
+   * when there was none. The key then names a new operation. Deleting an in-progress record lets a
+   * retry run again while the first owner may still be running; that owner's `complete` then
+   * answers `false`.
+   */
+  delete(scope: string, key: string): Promise<boolean>;
   /** Releases connections and timers the store opened itself. */
   close(): Promise<void>;
 }

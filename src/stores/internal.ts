@@ -1,10 +1,53 @@
 import { randomUUID } from 'node:crypto';
+import { type KeyPage, type KeyRecordSummary, type ListKeysOptions, MAX_LIST_LIMIT } from '../core/types.js';
 
 export const DEFAULT_PURGE_BATCH_SIZE = 1000;
+export const DEFAULT_LIST_LIMIT = 100;
+
+/** `list` options checked, with the cursor decoded into the strings {@link listCursor} encoded. */
+export interface ListRequest {
+  limit: number;
+  scope: string | undefined;
+  after: string[] | undefined;
+}
+
+/** An opaque `next` for `list`: the position the next page starts after. */
+export function listCursor(position: readonly string[]): string {
+  return Buffer.from(JSON.stringify(position)).toString('base64url');
+}
+
+/** Checks `list` options, naming `owner` in errors; `arity` is how many strings the store's cursors hold. */
+export function listRequest(owner: string, options: ListKeysOptions, arity: number): ListRequest {
+  const limit = requirePositiveInteger(owner, 'limit', options.limit ?? DEFAULT_LIST_LIMIT);
+  if (limit > MAX_LIST_LIMIT) throw new RangeError(`${owner}: \`limit\` must be at most ${MAX_LIST_LIMIT}`);
+  if (options.scope !== undefined && typeof options.scope !== 'string') {
+    throw new TypeError(`${owner}: \`scope\` must be a string`);
+  }
+  if (options.after === undefined) return { limit, scope: options.scope, after: undefined };
+  let after: unknown;
+  try {
+    after = JSON.parse(Buffer.from(String(options.after), 'base64url').toString('utf8'));
+  } catch {
+    after = undefined;
+  }
+  if (!Array.isArray(after) || after.length !== arity || !after.every((part) => typeof part === 'string')) {
+    throw new RangeError(`${owner}: \`after\` is not a cursor this store returned`);
+  }
+  return { limit, scope: options.scope, after };
+}
 
 /** Length-prefixed so that no two (scope, key) pairs share an id, whatever characters they hold. */
 export function recordId(scope: string, key: string): string {
   return `${scope.length}:${scope}${key}`;
+}
+
+/** The `(scope, key)` a {@link recordId} was made of; `undefined` for any other string. */
+export function parseRecordId(id: string): { scope: string; key: string } | undefined {
+  const match = /^(\d{1,10}):/.exec(id);
+  if (!match) return undefined;
+  const start = match[0].length;
+  const end = start + Number(match[1]);
+  return end <= id.length ? { scope: id.slice(start, end), key: id.slice(end) } : undefined;
 }
 
 export function newToken(): string {
@@ -73,4 +116,38 @@ export class Waiters {
     for (const set of this.#byId.values()) total += set.size;
     return total;
   }
+}
+
+/** The columns the SQL stores keep of a record for the admin API (PostgreSQL gives bigints as strings). */
+export interface SummaryRow {
+  scope: string;
+  key: string;
+  status: number | null;
+  created_at_ms: number | string;
+  expires_at_ms: number | string;
+  lease_until_ms: number | string;
+  completed_at_ms: number | string | null;
+}
+
+export const SUMMARY_COLUMNS =
+  'scope, key, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms';
+
+export function summaryOf(row: SummaryRow): KeyRecordSummary {
+  const completed = row.completed_at_ms !== null;
+  return {
+    scope: row.scope,
+    key: row.key,
+    state: completed ? 'completed' : 'in_progress',
+    status: completed ? row.status : null,
+    createdAtMs: Number(row.created_at_ms),
+    expiresAtMs: Number(row.expires_at_ms),
+    leaseUntilMs: completed ? null : Number(row.lease_until_ms),
+  };
+}
+
+/** A page of a keyset listing fetched with `LIMIT limit + 1`: the extra row only says there is more. */
+export function keysetPage(rows: KeyRecordSummary[], limit: number): KeyPage {
+  const records = rows.slice(0, limit);
+  const last = records[records.length - 1];
+  return { records, next: rows.length > limit && last ? listCursor([last.scope, last.key]) : null };
 }

@@ -1,7 +1,17 @@
-import type { ClaimInput, ClaimResult, IdempotencyStore, StoredResponse } from '../core/types.js';
+import type {
+  ClaimInput,
+  ClaimResult,
+  IdempotencyStore,
+  KeyPage,
+  KeyRecordSummary,
+  ListKeysOptions,
+  StoredResponse,
+} from '../core/types.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
   expiresAtMs,
+  keysetPage,
+  listRequest,
   newToken,
   recordId,
   requirePositiveInteger,
@@ -31,7 +41,10 @@ export class MemoryStoreFullError extends Error {
 }
 
 interface MemoryRecord {
+  scope: string;
+  key: string;
   fingerprint: string;
+  createdAtMs: number;
   token: string;
   leaseUntilMs: number;
   expiresAtMs: number;
@@ -111,6 +124,7 @@ export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore 
         return { outcome: 'in_progress', retryAfterMs: existing.leaseUntilMs - nowMs };
       }
       existing.token = newToken();
+      existing.createdAtMs = nowMs;
       existing.leaseUntilMs = nowMs + input.leaseMs;
       existing.expiresAtMs = expiresAtMs(nowMs, input.leaseMs, input.ttlMs);
       return { outcome: 'acquired', token: existing.token };
@@ -118,7 +132,10 @@ export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore 
     makeRoom(nowMs);
     const token = newToken();
     records.set(id, {
+      scope: input.scope,
+      key: input.key,
       fingerprint: input.fingerprint,
+      createdAtMs: nowMs,
       token,
       leaseUntilMs: nowMs + input.leaseMs,
       expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
@@ -173,6 +190,50 @@ export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore 
     return deleted;
   }
 
+  function summary(record: MemoryRecord): KeyRecordSummary {
+    return {
+      scope: record.scope,
+      key: record.key,
+      state: record.response ? 'completed' : 'in_progress',
+      status: record.response?.status ?? null,
+      createdAtMs: record.createdAtMs,
+      expiresAtMs: record.expiresAtMs,
+      leaseUntilMs: record.response ? null : record.leaseUntilMs,
+    };
+  }
+
+  const byScopeThenKey = (a: Pick<MemoryRecord, 'scope' | 'key'>, b: Pick<MemoryRecord, 'scope' | 'key'>) =>
+    a.scope < b.scope ? -1 : a.scope > b.scope ? 1 : a.key < b.key ? -1 : a.key > b.key ? 1 : 0;
+
+  async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
+    const { limit, scope, after } = listRequest('memoryStore.list', options, 2);
+    const nowMs = Date.now();
+    const start = after && { scope: after[0]!, key: after[1]! };
+    const page = [...records.values()]
+      .filter(
+        (record) =>
+          record.expiresAtMs > nowMs &&
+          (scope === undefined || record.scope === scope) &&
+          (!start || byScopeThenKey(record, start) > 0),
+      )
+      .sort(byScopeThenKey)
+      .slice(0, limit + 1);
+    return keysetPage(page.map(summary), limit);
+  }
+
+  async function get(scope: string, key: string) {
+    const record = live(recordId(scope, key), Date.now());
+    return record && summary(record);
+  }
+
+  async function deleteRecord(scope: string, key: string) {
+    const id = recordId(scope, key);
+    if (!live(id, Date.now())) return false;
+    remove(id);
+    waiters.wake(id);
+    return true;
+  }
+
   const sweeper = setInterval(() => void purgeExpired(), sweepIntervalMs);
   sweeper.unref();
 
@@ -182,5 +243,16 @@ export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore 
     waiters.wakeAll();
   }
 
-  return { name: 'memory', claim, complete, release, wait, purgeExpired, close };
+  return {
+    name: 'memory',
+    claim,
+    complete,
+    release,
+    wait,
+    purgeExpired,
+    list,
+    get,
+    delete: deleteRecord,
+    close,
+  };
 }

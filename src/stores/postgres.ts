@@ -8,7 +8,16 @@ import type {
   ClaimResult,
   StoredResponse,
 } from '../core/types.js';
-import { DEFAULT_PURGE_BATCH_SIZE, requirePositiveInteger, Waiters } from './internal.js';
+import {
+  DEFAULT_PURGE_BATCH_SIZE,
+  keysetPage,
+  listRequest,
+  requirePositiveInteger,
+  SUMMARY_COLUMNS,
+  type SummaryRow,
+  summaryOf,
+  Waiters,
+} from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
 
 export interface PostgresStoreOptions {
@@ -250,6 +259,13 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         RETURNING 1)
       SELECT pg_notify($4, $5) FROM gone`,
   };
+  const DELETE = {
+    name: `retrysafe_delete_${tag}`,
+    text: `WITH gone AS (
+        DELETE FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}
+        RETURNING 1)
+      SELECT pg_notify($3, $4) FROM gone`,
+  };
   // SKIP LOCKED: rows a claim is taking over right now are left for the next purge.
   const PURGE = {
     name: `retrysafe_purge_${tag}`,
@@ -414,6 +430,37 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         total += rowCount ?? 0;
         if ((rowCount ?? 0) < batchSize) return total;
       }
+    },
+
+    async list(options = {}) {
+      const { limit, scope, after } = listRequest('postgresStore.list', options, 2);
+      const values: (string | number)[] = [limit + 1];
+      const where = ['expires_at_ms > n.ms'];
+      if (scope !== undefined) where.push(`scope = $${values.push(scope)}`);
+      // A row comparison: a range scan of the primary key, so a deep page costs no more than the first.
+      if (after) where.push(`(scope, key) > ($${values.push(after[0]!)}, $${values.push(after[1]!)})`);
+      const { rows } = await pool.query<SummaryRow>(
+        `SELECT ${SUMMARY_COLUMNS} FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
+          WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`,
+        values,
+      );
+      return keysetPage(rows.map(summaryOf), limit);
+    },
+
+    async get(scope, key) {
+      const { rows } = await pool.query<SummaryRow>(
+        `SELECT ${SUMMARY_COLUMNS} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
+        [scope, key],
+      );
+      return rows[0] && summaryOf(rows[0]);
+    },
+
+    async delete(scope, key) {
+      const { rowCount } = await pool.query({
+        ...DELETE,
+        values: [scope, key, channel, notifyId(scope, key)],
+      });
+      return rowCount === 1;
     },
 
     async atomic(

@@ -1,6 +1,15 @@
 import { Redis } from 'ioredis';
-import type { ClaimResult, IdempotencyStore, StoredResponse } from '../core/types.js';
-import { DEFAULT_PURGE_BATCH_SIZE, newToken, recordId, requirePositiveInteger, Waiters } from './internal.js';
+import type { ClaimResult, IdempotencyStore, KeyRecordSummary, StoredResponse } from '../core/types.js';
+import {
+  DEFAULT_PURGE_BATCH_SIZE,
+  listCursor,
+  listRequest,
+  newToken,
+  parseRecordId,
+  recordId,
+  requirePositiveInteger,
+  Waiters,
+} from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
 
 export interface RedisStoreOptions {
@@ -43,7 +52,7 @@ end
 local lease = tonumber(ARGV[3])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'state', 'in_progress', 'token', ARGV[2],
-  'lease_until_ms', string.format('%d', now + lease))
+  'lease_until_ms', string.format('%d', now + lease), 'created_at_ms', string.format('%d', now))
 redis.call('PEXPIRE', KEYS[1], math.max(lease, tonumber(ARGV[4])))
 return {'acquired'}`;
 
@@ -70,12 +79,45 @@ local left = tonumber(rec[2]) - now
 if left <= 0 then return -1 end
 return left`;
 
+// KEYS records. Replies {now, {state, status, lease_until_ms, created_at_ms, ms to expiry} per key};
+// state is nil for a key that is gone (or is not one of our records).
+const SUMMARIES_LUA = `${MS_NOW}
+local out = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('TYPE', key).ok == 'hash' then
+    local rec = redis.call('HMGET', key, 'state', 'status', 'lease_until_ms', 'created_at_ms')
+    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, redis.call('PTTL', key)}
+  else
+    out[i] = {false}
+  end
+end
+return {now, out}`;
+
+// KEYS[1] record; ARGV channel.
+const DELETE_LUA = `if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[1], KEYS[1])
+return 1`;
+
+type SummaryReply = [number, [string | null, string | null, string | null, string | null, number][]];
+
 interface RetrysafeCommands {
   retrysafeClaimBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
   retrysafeComplete(key: string, ...args: (string | number | Buffer)[]): Promise<number>;
   retrysafeRelease(key: string, ...args: string[]): Promise<number>;
   retrysafeLeaseLeft(key: string): Promise<number>;
+  retrysafeSummaries(numberOfKeys: number, ...keys: string[]): Promise<SummaryReply>;
+  retrysafeDelete(key: string, channel: string): Promise<number>;
 }
+
+/**
+ * `SCAN` hint: keys Redis examines per call, of the whole keyspace (other applications' keys
+ * included). Small enough that one call never holds Redis up noticeably.
+ */
+const SCAN_COUNT = 250;
+/** `SCAN` calls one `list` page makes at most, so a page of a sparse prefix answers in bounded time. */
+const MAX_SCANS_PER_PAGE = 20;
+
+const globEscape = (text: string) => text.replace(/[*?[\]\\]/g, '\\$&');
 
 /** Reconnect attempts back off to this, so a restarted Redis is used again within half a second. */
 const MAX_RECONNECT_DELAY_MS = 500;
@@ -161,6 +203,8 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
   client.defineCommand('retrysafeComplete', { numberOfKeys: 1, lua: COMPLETE_LUA });
   client.defineCommand('retrysafeRelease', { numberOfKeys: 1, lua: RELEASE_LUA });
   client.defineCommand('retrysafeLeaseLeft', { numberOfKeys: 1, lua: LEASE_LEFT_LUA, readOnly: true });
+  client.defineCommand('retrysafeSummaries', { lua: SUMMARIES_LUA, readOnly: true });
+  client.defineCommand('retrysafeDelete', { numberOfKeys: 1, lua: DELETE_LUA });
   const commands = client as unknown as RetrysafeCommands;
 
   const channel = `${prefix}settled`;
@@ -182,6 +226,27 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
       if (from === channel) waiters.wake(key);
     });
     subscriber.subscribe(channel).catch(() => {});
+  }
+
+  async function summaries(ids: string[]): Promise<KeyRecordSummary[]> {
+    if (ids.length === 0) return [];
+    const [nowMs, rows] = await commands.retrysafeSummaries(ids.length, ...ids);
+    return ids.flatMap((id, i) => {
+      const [state, status, leaseUntilMs, createdAtMs, expiresInMs] = rows[i]!;
+      const record = parseRecordId(id.slice(prefix.length));
+      if (!state || !record) return [];
+      const completed = state === 'completed';
+      return [
+        {
+          ...record,
+          state: completed ? 'completed' : 'in_progress',
+          status: completed ? Number(status) : null,
+          createdAtMs: Number(createdAtMs),
+          expiresAtMs: nowMs + expiresInMs,
+          leaseUntilMs: completed ? null : Number(leaseUntilMs),
+        },
+      ];
+    });
   }
 
   return {
@@ -250,6 +315,43 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
       requirePositiveInteger('redisStore.purgeExpired', 'batchSize', batchSize);
       return 0;
+    },
+
+    // The cursor is a SCAN cursor and the last record taken from the batch that SCAN call returned:
+    // the next page runs that call again and takes what sorts after it.
+    async list(options = {}) {
+      const { limit, scope, after } = listRequest('redisStore.list', options, 2);
+      await connected();
+      const match = `${globEscape(prefix)}${scope === undefined ? '' : globEscape(recordId(scope, ''))}*`;
+      let cursor = after?.[0] ?? '0';
+      let takenThrough = after?.[1] || undefined;
+      const ids: string[] = [];
+      for (let calls = 1; ; calls++) {
+        const [following, found] = await client.scan(cursor, 'MATCH', match, 'COUNT', SCAN_COUNT);
+        const batch = found.sort().filter((id) => takenThrough === undefined || id > takenThrough);
+        takenThrough = undefined;
+        const room = limit - ids.length;
+        if (batch.length > room) {
+          ids.push(...batch.slice(0, room));
+          return { records: await summaries(ids), next: listCursor([cursor, ids[ids.length - 1]!]) };
+        }
+        ids.push(...batch);
+        if (following === '0') return { records: await summaries(ids), next: null };
+        cursor = following;
+        if (ids.length === limit || calls === MAX_SCANS_PER_PAGE) {
+          return { records: await summaries(ids), next: listCursor([cursor, '']) };
+        }
+      }
+    },
+
+    async get(scope, key) {
+      await connected();
+      return (await summaries([redisKey(scope, key)]))[0];
+    },
+
+    async delete(scope, key) {
+      await connected();
+      return (await commands.retrysafeDelete(redisKey(scope, key), channel)) === 1;
     },
 
     async close() {

@@ -7,9 +7,22 @@ import type {
   AtomicWorkResult,
   ClaimInput,
   ClaimResult,
+  KeyPage,
+  ListKeysOptions,
   StoredResponse,
 } from '../core/types.js';
-import { expiresAtMs, newToken, recordId, requirePositiveInteger, Waiters } from './internal.js';
+import {
+  expiresAtMs,
+  keysetPage,
+  listRequest,
+  newToken,
+  recordId,
+  requirePositiveInteger,
+  SUMMARY_COLUMNS,
+  type SummaryRow,
+  summaryOf,
+  Waiters,
+} from './internal.js';
 
 export interface SqliteStoreOptions {
   /** The database file to open (created if missing). Give this or `database`, not both. */
@@ -213,6 +226,31 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     DELETE FROM ${t} WHERE rowid IN (
       SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
 
+  const selectSummary = db.prepare<[string, string, number], SummaryRow>(
+    `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
+  );
+  const deleteStatement = db.prepare(`DELETE FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`);
+  // One statement per shape, each a range scan of the primary key, so a deep page costs no more
+  // than the first.
+  const listStatements = new Map<string, Database.Statement<[Record<string, unknown>], SummaryRow>>();
+  // Within one scope `key > ?` rather than the row value: SQLite's planner then ranges over both
+  // columns of the key instead of scanning the scope from its start.
+  function listStatement(byScope: boolean, after: 'none' | 'key' | 'row') {
+    const shape = `${byScope}:${after}`;
+    let statement = listStatements.get(shape);
+    if (!statement) {
+      const where = ['expires_at_ms > @nowMs'];
+      if (byScope) where.push('scope = @scope');
+      if (after === 'key') where.push('key > @afterKey');
+      if (after === 'row') where.push('(scope, key) > (@afterScope, @afterKey)');
+      statement = db.prepare(
+        `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT @limit`,
+      );
+      listStatements.set(shape, statement);
+    }
+    return statement;
+  }
+
   const claimTransaction = db.transaction((input: ClaimInput): ClaimResult => {
     const nowMs = Date.now();
     const token = newToken();
@@ -386,6 +424,30 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     }
   }
 
+  async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
+    const { limit, scope, after } = listRequest('sqliteStore.list', options, 2);
+    const position = !after ? 'none' : scope !== undefined && after[0] === scope ? 'key' : 'row';
+    const rows = listStatement(scope !== undefined, position).all({
+      nowMs: Date.now(),
+      scope,
+      afterScope: after?.[0],
+      afterKey: after?.[1],
+      limit: limit + 1,
+    });
+    return keysetPage(rows.map(summaryOf), limit);
+  }
+
+  async function get(scope: string, key: string) {
+    const row = selectSummary.get(scope, key, Date.now());
+    return row && summaryOf(row);
+  }
+
+  async function deleteRecord(scope: string, key: string) {
+    const done = await exclusive(() => deleteStatement.run(scope, key, Date.now()).changes === 1);
+    if (done) waiters.wake(recordId(scope, key));
+    return done;
+  }
+
   async function close() {
     if (closed) return;
     closed = true;
@@ -402,6 +464,9 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     release,
     wait,
     purgeExpired,
+    list,
+    get,
+    delete: deleteRecord,
     close,
     atomic,
     transaction,

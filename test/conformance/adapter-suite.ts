@@ -297,6 +297,9 @@ function brokenStore(kind: 'failing' | 'hanging'): IdempotencyStore {
     release: fail,
     wait: fail,
     purgeExpired: fail,
+    list: fail,
+    get: fail,
+    delete: fail,
     close: async () => undefined,
   };
 }

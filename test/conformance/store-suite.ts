@@ -10,6 +10,8 @@ import {
   type ClaimResult,
   type IdempotencyStore,
   isAtomicStore,
+  type KeyRecordSummary,
+  MAX_LIST_LIMIT,
   type StoredResponse,
 } from '../../src/core/types.js';
 
@@ -35,6 +37,8 @@ export interface StoreUnderTest {
    * left to count; the purge test then checks only that live records survive it.
    */
   expiresNatively?: boolean;
+  /** `list` goes in the backend's scan order (Redis) rather than by scope, then key. */
+  listsInScanOrder?: boolean;
 }
 
 /**
@@ -395,6 +399,164 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         await expectInProgress(liveInProgress);
         await expectInProgress(liveLease);
         for (const input of [...expiredCompleted, ...expiredAbandoned]) await acquire(input);
+      });
+    });
+
+    describe('admin: list, get, delete', () => {
+      const SUMMARY_FIELDS = [
+        'createdAtMs',
+        'expiresAtMs',
+        'key',
+        'leaseUntilMs',
+        'scope',
+        'state',
+        'status',
+      ];
+
+      async function completed(input: ClaimInput, status = 201): Promise<void> {
+        const token = await acquire(input);
+        expect(await store.complete(input.scope, input.key, token, { ...sampleResponse(), status })).toBe(
+          true,
+        );
+      }
+
+      /** Every page of a listing, `limit` at a time, until `next` is null (at most 1000 pages). */
+      async function listAll(options: { scope?: string; limit: number }): Promise<KeyRecordSummary[]> {
+        const records: KeyRecordSummary[] = [];
+        let after: string | undefined;
+        for (let page = 0; page < 1000; page++) {
+          const result = await store.list({ ...options, after });
+          expect(result.records.length).toBeLessThanOrEqual(options.limit);
+          records.push(...result.records);
+          if (result.next === null) return records;
+          after = result.next;
+        }
+        throw new Error('the listing did not end within 1000 pages');
+      }
+
+      it('get shows an in-progress record, then its completion, and nothing of its request or response', async () => {
+        const beforeMs = Date.now();
+        const input = fresh();
+        const token = await acquire(input);
+        const inProgress = await store.get(input.scope, input.key);
+        expect(Object.keys(inProgress ?? {}).sort()).toEqual(SUMMARY_FIELDS);
+        expect(inProgress).toMatchObject({
+          scope: input.scope,
+          key: input.key,
+          state: 'in_progress',
+          status: null,
+        });
+        // Stores on a database server take times from its clock, which may be a little off ours.
+        expect(inProgress!.createdAtMs).toBeGreaterThan(beforeMs - 5000);
+        expect(inProgress!.leaseUntilMs! - inProgress!.createdAtMs).toBeCloseTo(input.leaseMs, -3);
+        expect(inProgress!.expiresAtMs - inProgress!.createdAtMs).toBeCloseTo(input.ttlMs, -3);
+
+        expect(
+          await store.complete(input.scope, input.key, token, { ...sampleResponse(), status: 202 }),
+        ).toBe(true);
+        const done = await store.get(input.scope, input.key);
+        expect(done).toMatchObject({ state: 'completed', status: 202, leaseUntilMs: null });
+        expect(done!.expiresAtMs).toBe(inProgress!.expiresAtMs);
+        expect(await store.get(input.scope, `${input.key}-other`)).toBeUndefined();
+        expect(await store.get(`${input.scope}-other`, input.key)).toBeUndefined();
+      });
+
+      it('lists one scope page by page: every record once, no other scope, pages within the limit', async () => {
+        const scope = `scope-${randomUUID()}`;
+        const keys = Array.from({ length: 7 }, (_, i) => `key-${i}-${randomUUID()}`);
+        for (const [i, key] of keys.entries()) {
+          const input = { ...fresh(), scope, key };
+          if (i % 2 === 0) await completed(input, 200 + i);
+          else await acquire(input);
+        }
+        await acquire({ ...fresh(), scope: `${scope}-other` });
+        await acquire({ ...fresh(), scope: scope.slice(0, -1) });
+
+        const listed = await listAll({ scope, limit: 2 });
+        expect(listed.map((record) => record.key).sort()).toEqual([...keys].sort());
+        if (!subject.listsInScanOrder) expect(listed.map((record) => record.key)).toEqual([...keys].sort());
+        for (const record of listed) {
+          expect(record.scope).toBe(scope);
+          const i = keys.indexOf(record.key);
+          expect(record).toMatchObject(
+            i % 2 === 0 ? { state: 'completed', status: 200 + i } : { state: 'in_progress', status: null },
+          );
+        }
+      });
+
+      it('lists every scope when none is given, in order across scopes', async () => {
+        const mine = [fresh(), fresh(), fresh()];
+        for (const input of mine) await acquire(input);
+        const listed = await listAll({ limit: 50 });
+        const ids = listed.map((record) => JSON.stringify([record.scope, record.key]));
+        for (const input of mine) expect(ids).toContain(JSON.stringify([input.scope, input.key]));
+        expect(new Set(ids).size).toBe(ids.length);
+        if (!subject.listsInScanOrder) {
+          // Only these: other tests' scopes hold characters that collations order differently.
+          const listedMine = ids.filter((id) => mine.some((input) => id.includes(input.scope)));
+          expect(listedMine).toEqual(mine.map((input) => JSON.stringify([input.scope, input.key])).sort());
+        }
+      });
+
+      it('neither lists nor gets a record whose retention has passed', async () => {
+        const scope = `scope-${randomUUID()}`;
+        const expiring = { ...fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS }), scope };
+        const live = { ...fresh(), scope };
+        await completed(expiring);
+        await acquire(live);
+        await sleep(SHORT_MS * 2);
+        expect(await store.get(expiring.scope, expiring.key)).toBeUndefined();
+        expect((await listAll({ scope, limit: 10 })).map((record) => record.key)).toEqual([live.key]);
+        expect(await store.delete(expiring.scope, expiring.key)).toBe(false);
+      });
+
+      it('delete removes a completed record: the key then names a new operation', async () => {
+        const input = fresh();
+        await completed(input);
+        expect(await store.delete(input.scope, input.key)).toBe(true);
+        expect(await store.get(input.scope, input.key)).toBeUndefined();
+        expect(await store.delete(input.scope, input.key)).toBe(false);
+        await acquire(withFingerprint(input, 'fp-b'));
+      });
+
+      it('delete removes an in-progress record and fences its owner out', async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        expect(await store.delete(input.scope, input.key)).toBe(true);
+        const next = await acquire(input);
+        expect(await store.complete(input.scope, input.key, token, sampleResponse('old'))).toBe(false);
+        expect(await store.complete(input.scope, input.key, next, sampleResponse('new'))).toBe(true);
+        expectReplay(await store.claim(input), sampleResponse('new'));
+      });
+
+      it('delete of one scope leaves the same key in another scope alone', async () => {
+        const first = fresh();
+        const second = { ...first, scope: `scope-${randomUUID()}` };
+        await completed(first);
+        await completed(second);
+        expect(await store.delete(first.scope, first.key)).toBe(true);
+        expect(await store.get(second.scope, second.key)).toMatchObject({ state: 'completed' });
+      });
+
+      it('delete wakes a wait on the record', async () => {
+        const input = fresh();
+        await acquire(input);
+        const events: string[] = [];
+        const waiting = store.wait(input.scope, input.key, 120_000).then(() => events.push('woke'));
+        await sleep(SHORT_MS);
+        events.push('deleted');
+        expect(await store.delete(input.scope, input.key)).toBe(true);
+        await waiting;
+        expect(events).toEqual(['deleted', 'woke']);
+      }, 15_000);
+
+      it('rejects a bad limit or a cursor it did not make', async () => {
+        await expect(store.list({ limit: 0 })).rejects.toThrow(/limit/);
+        await expect(store.list({ limit: MAX_LIST_LIMIT + 1 })).rejects.toThrow(/limit/);
+        await expect(store.list({ limit: 1.5 })).rejects.toThrow(/limit/);
+        await expect(store.list({ after: 'not a cursor' })).rejects.toThrow(/after/);
+        const forged = Buffer.from(JSON.stringify([1, 2])).toString('base64url');
+        await expect(store.list({ after: forged })).rejects.toThrow(/after/);
       });
     });
 

@@ -1,0 +1,198 @@
+import { randomUUID } from 'node:crypto';
+import http from 'node:http';
+import { networkInterfaces } from 'node:os';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { adminAccess } from '../examples/library-loans/admin.js';
+import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
+
+/**
+ * The desk's pages, its admin API over the key store (GET/DELETE /admin/keys…) and who may use it,
+ * and the DEMO_FAULTS switch behind the page's lossy network, over real HTTP.
+ */
+
+const loan = (issuedAt: string) => ({ member: 'U-1001', isbn: 'K-01', issuedAt });
+
+/** An address of this host that is not loopback, for a caller the admin API must refuse. */
+const outsideAddress = Object.values(networkInterfaces())
+  .flat()
+  .find((address) => address && address.family === 'IPv4' && !address.internal)?.address;
+
+/** GET with the path sent as written (fetch would resolve the `..` first). */
+function rawGetStatus(port: number, path: string): Promise<number | undefined> {
+  return new Promise((resolve, reject) => {
+    http
+      .get({ host: '127.0.0.1', port, path }, (res) => {
+        res.resume();
+        resolve(res.statusCode);
+      })
+      .on('error', reject);
+  });
+}
+
+function fakeRequest(remoteAddress: string, headers: Record<string, string>) {
+  return { socket: { remoteAddress }, headers } as never;
+}
+
+describe('adminAccess', () => {
+  it('without ADMIN_TOKEN admits loopback callers that name a loopback host, and no one else', () => {
+    for (const [address, host] of [
+      ['127.0.0.1', '127.0.0.1:8483'],
+      ['::1', '[::1]:8483'],
+      ['::ffff:127.0.0.1', 'localhost:8483'],
+    ]) {
+      expect(adminAccess(fakeRequest(address!, { host: host! }), undefined).allowed).toBe(true);
+    }
+    expect(adminAccess(fakeRequest('192.0.2.9', { host: '127.0.0.1:8483' }), undefined).allowed).toBe(false);
+    expect(adminAccess(fakeRequest('::ffff:10.0.0.1', { host: 'localhost' }), undefined).allowed).toBe(false);
+    // A page whose name was rebound to 127.0.0.1 still sends its own name as Host.
+    expect(adminAccess(fakeRequest('127.0.0.1', { host: 'evil.example:8483' }), undefined).allowed).toBe(
+      false,
+    );
+  });
+
+  it('with ADMIN_TOKEN requires the bearer token from every caller, loopback included', () => {
+    const local = { host: '127.0.0.1:8483' };
+    expect(adminAccess(fakeRequest('127.0.0.1', local), 's3cret').allowed).toBe(false);
+    expect(
+      adminAccess(fakeRequest('127.0.0.1', { ...local, authorization: 'Bearer wrong' }), 's3cret').allowed,
+    ).toBe(false);
+    expect(
+      adminAccess(fakeRequest('192.0.2.9', { ...local, authorization: 'Bearer s3cret' }), 's3cret').allowed,
+    ).toBe(true);
+    expect(
+      adminAccess(fakeRequest('127.0.0.1', { ...local, authorization: 'bearer s3cret' }), 's3cret').allowed,
+    ).toBe(true);
+  });
+});
+
+describe('loan desk pages and admin API (loopback, no ADMIN_TOKEN)', () => {
+  let desk: LoanDesk;
+  beforeAll(async () => {
+    desk = await startLoanDesk({ env: { HOST: '0.0.0.0' } });
+  }, 30_000);
+  afterAll(() => desk?.stop());
+
+  const local = () => desk.baseUrl.replace('0.0.0.0', '127.0.0.1');
+
+  it('serves the page, the inspector, their assets, the client module and /members', async () => {
+    const page = await fetch(`${local()}/`);
+    expect(page.headers.get('content-type')).toMatch(/^text\/html/);
+    expect(await page.text()).toContain('Issue loan');
+    expect(await (await fetch(`${local()}/keys`)).text()).toContain('Key store');
+    const script = await fetch(`${local()}/pages/desk.js`);
+    expect(script.headers.get('content-type')).toMatch(/^text\/javascript/);
+    const client = await fetch(`${local()}/retrysafe/client/index.js`);
+    expect(client.status).toBe(200);
+    expect(await client.text()).toContain('createRetryingFetch');
+    for (const path of [
+      '/retrysafe/client/missing.js',
+      '/retrysafe/../examples/library-loans/app.js',
+      '/pages/../app.js',
+    ]) {
+      expect(await rawGetStatus(desk.port, path)).toBe(404);
+    }
+    const members = await getJson(local(), '/members');
+    expect(members.status).toBe(200);
+    expect(members.body).toContainEqual({ id: 'U-1001', name: 'Ada Okafor' });
+    expect(await getJson(local(), '/demo')).toMatchObject({ body: { demoFaults: false } });
+  });
+
+  it('lists, shows and deletes keys; a deleted key then names a new loan', async () => {
+    const key = `admin-${randomUUID()}`;
+    expect((await postLoan(local(), loan('2026-05-01'), { key })).status).toBe(201);
+    const record = { scope: 'anonymous', key };
+    const path = `/admin/keys/${encodeURIComponent(record.scope)}/${encodeURIComponent(key)}`;
+
+    const shown = await getJson(local(), path);
+    expect(shown.status).toBe(200);
+    expect(shown.body.record).toMatchObject({
+      ...record,
+      state: 'completed',
+      status: 201,
+      leaseUntilMs: null,
+    });
+    expect(shown.body.record).not.toHaveProperty('body');
+    expect(shown.body.record).not.toHaveProperty('fingerprint');
+
+    const seen: string[] = [];
+    let after = '';
+    for (let page = 0; page < 100; page++) {
+      const listed = await getJson(local(), `/admin/keys?limit=1&after=${encodeURIComponent(after)}`);
+      expect(listed.status).toBe(200);
+      expect(listed.body.records.length).toBeLessThanOrEqual(1);
+      seen.push(...listed.body.records.map((r: { key: string }) => r.key));
+      if (listed.body.next === null) break;
+      after = listed.body.next;
+    }
+    expect(seen).toContain(key);
+
+    const before = (await listLoans(local())).length;
+    expect((await fetch(`${local()}${path}`, { method: 'DELETE' })).status).toBe(204);
+    expect((await getJson(local(), path)).status).toBe(404);
+    expect((await fetch(`${local()}${path}`, { method: 'DELETE' })).status).toBe(404);
+    const again = await postLoan(local(), loan('2026-05-01'), { key });
+    expect(again.status).toBe(201);
+    expect(again.headers.get('idempotency-replayed')).toBeNull();
+    expect((await listLoans(local())).length).toBe(before + 1);
+  });
+
+  it('answers 400 to a bad limit or cursor', async () => {
+    expect(await getJson(local(), '/admin/keys?limit=0')).toMatchObject({
+      status: 400,
+      body: { error: 'invalid_query' },
+    });
+    expect((await getJson(local(), '/admin/keys?after=nonsense')).status).toBe(400);
+  });
+
+  it.skipIf(!outsideAddress)('refuses a caller that is not on loopback with 401', async () => {
+    const port = new URL(desk.baseUrl).port;
+    const response = await fetch(`http://${outsideAddress}:${port}/admin/keys`);
+    expect(response.status).toBe(401);
+    expect(response.headers.get('www-authenticate')).toMatch(/^Bearer/);
+    expect(await response.json()).toMatchObject({ error: 'unauthorized' });
+    // The rest of the desk is open to it.
+    expect((await fetch(`http://${outsideAddress}:${port}/books`)).status).toBe(200);
+  });
+
+  it('ignores the lossy-network mark unless the desk runs with DEMO_FAULTS=1', async () => {
+    const answered = await postLoan(local(), loan('2026-05-02'), {
+      key: `mark-${randomUUID()}`,
+      headers: { 'x-demo-lose-response': '1' },
+    });
+    expect(answered.status).toBe(201);
+  });
+});
+
+describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
+  let desk: LoanDesk;
+  beforeAll(async () => {
+    desk = await startLoanDesk({ env: { ADMIN_TOKEN: 'token-for-test', DEMO_FAULTS: '1' } });
+  }, 30_000);
+  afterAll(() => desk?.stop());
+
+  it('answers 401 without the token, even on loopback, and 200 with it', async () => {
+    const without = await fetch(`${desk.baseUrl}/admin/keys`);
+    expect(without.status).toBe(401);
+    const wrong = await fetch(`${desk.baseUrl}/admin/keys`, { headers: { authorization: 'Bearer nope' } });
+    expect(wrong.status).toBe(401);
+    const right = await fetch(`${desk.baseUrl}/admin/keys`, {
+      headers: { authorization: 'Bearer token-for-test' },
+    });
+    expect(right.status).toBe(200);
+    expect(await right.json()).toMatchObject({ records: expect.any(Array) });
+  });
+
+  it('a marked loan is lent and its answer lost; the retry with the same key replays that loan', async () => {
+    const key = `lossy-${randomUUID()}`;
+    const before = (await listLoans(desk.baseUrl)).length;
+    await expect(
+      postLoan(desk.baseUrl, loan('2026-05-03'), { key, headers: { 'x-demo-lose-response': '1' } }),
+    ).rejects.toThrow(TypeError);
+    expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
+    const retry = await postLoan(desk.baseUrl, loan('2026-05-03'), { key });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get('idempotency-replayed')).toBe('true');
+    expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
+    expect(await getJson(desk.baseUrl, '/demo')).toMatchObject({ body: { demoFaults: true } });
+  });
+});
