@@ -35,6 +35,8 @@ function answer(res: Response, planned: Exclude<Planned, { kind: 'fail' }>): Pro
       return void res.send(planned.text);
     case 'bytes':
       return void res.send(planned.bytes);
+    case 'empty':
+      return void res.end();
     case 'stream':
       return (async () => {
         for await (const chunk of paced(planned.chunks)) res.write(chunk);
@@ -85,7 +87,7 @@ function expressAdapter(
         if (planned.kind === 'fail') throw new Error('boom');
         return answer(res, planned);
       });
-      app.all(['/orders', '/text', '/buffer', '/stream', '/fail', '/slow'], (req, res, next) => {
+      app.all(['/orders', '/text', '/buffer', '/stream', '/fail', '/slow', '/empty'], (req, res, next) => {
         const planned = planFor(req);
         if (planned.kind === 'fail') return next(new Error('unexpected'));
         void sleep(planned.delayMs ?? 0)
@@ -194,6 +196,11 @@ describe('express specifics', () => {
             res.status(201).type('text/plain');
             Readable.from(['one ', 'two ', 'three']).pipe(res);
           });
+          const noTenant = () => {
+            throw Object.assign(new Error('no tenant'), { status: 401 });
+          };
+          a.post('/scope-throws', idempotency({ store, scope: noTenant }), echo);
+          a.post('/scope-throws-parsed', express.json(), idempotency({ store, scope: noTenant }), echo);
           a.post('/validation', express.json(), idempotency({ store }), () => {
             throw Object.assign(new Error('bad isbn'), { status: 422 });
           });
@@ -253,6 +260,14 @@ describe('express specifics', () => {
         const generic = await post(app, '/next-errors');
         expect(generic.status).toBe(400);
         expect(JSON.parse(generic.text)).toEqual({ error: 'app_error' });
+      });
+
+      it("a `scope` that throws reaches the app's error middleware, with or without express.json() first", async () => {
+        for (const path of ['/scope-throws', '/scope-throws-parsed']) {
+          const reply = await post(app, path, `scope-${version}`);
+          expect(reply.status, path).toBe(401);
+          expect(JSON.parse(reply.text), path).toEqual({ error: 'app_error' });
+        }
       });
 
       it('a stream piped into res is captured and replayed', async () => {

@@ -33,6 +33,8 @@ function answer(reply: FastifyReply, planned: Exclude<Planned, { kind: 'fail' }>
       return planned.text;
     case 'bytes':
       return planned.bytes;
+    case 'empty':
+      return reply.send();
     case 'stream':
       return Readable.from(paced(planned.chunks));
   }
@@ -72,7 +74,7 @@ const fastifyAdapter: AdapterUnderTest = {
       return answer(reply, planned);
     };
     app.route({ method: ['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], url: '/orders', handler });
-    for (const url of ['/text', '/buffer', '/stream', '/fail', '/slow']) app.post(url, handler);
+    for (const url of ['/text', '/buffer', '/stream', '/fail', '/slow', '/empty']) app.post(url, handler);
     return listenFastify(app, calls);
   },
 };

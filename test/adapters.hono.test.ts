@@ -65,12 +65,22 @@ const honoAdapter: AdapterUnderTest = {
           return c.body(planned.text, status, planned.headers);
         case 'bytes':
           return c.body(new Uint8Array(planned.bytes), status, planned.headers);
+        case 'empty':
+          return c.body(null, 204, planned.headers);
         case 'stream':
           return c.body(toStream(planned.chunks), status, planned.headers);
       }
     };
     app.on(['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], '/orders', handler);
-    for (const path of ['/text', '/buffer', '/stream', '/fail', '/slow', ...honoAdapter.throwPaths]) {
+    for (const path of [
+      '/text',
+      '/buffer',
+      '/stream',
+      '/fail',
+      '/slow',
+      '/empty',
+      ...honoAdapter.throwPaths,
+    ]) {
       app.post(path, handler);
     }
     return serveHono(app, calls);

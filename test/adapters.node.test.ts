@@ -1,4 +1,5 @@
 import http, { type IncomingMessage } from 'node:http';
+import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
@@ -39,6 +40,8 @@ const nodeAdapter: AdapterUnderTest = {
             return void res.end(planned.text);
           case 'bytes':
             return void res.end(planned.bytes);
+          case 'empty':
+            return void res.end();
           case 'stream':
             for await (const chunk of paced(planned.chunks)) res.write(chunk);
             res.end();
@@ -50,6 +53,29 @@ const nodeAdapter: AdapterUnderTest = {
 };
 
 describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, redis]);
+
+const MiB = 1024 * 1024;
+
+/**
+ * A POST declaring a 100 MB body, of which it writes `bytes` and then nothing, without closing.
+ * Resolves with what the server sent once the server closed the connection.
+ */
+function stallingUpload(url: string, bytes: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(Number(new URL(url).port), '127.0.0.1');
+    let received = '';
+    socket.setTimeout(15_000, () => {
+      reject(new Error('the server never closed the connection'));
+      socket.destroy();
+    });
+    socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+    // Writing into a connection the server closed fails (EPIPE, ECONNRESET): that is the point.
+    socket.on('error', () => undefined);
+    socket.on('close', () => resolve(received));
+    socket.write('POST /x HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k\r\nContent-Length: 100000000\r\n\r\n');
+    if (bytes > 0) socket.write(Buffer.alloc(bytes, 0x61));
+  });
+}
 
 describe('node specifics', () => {
   const store = memoryStore();
@@ -81,6 +107,23 @@ describe('node specifics', () => {
 
   const post = (path: string, key: string) =>
     fetch(app.url + path, { method: 'POST', headers: { 'idempotency-key': key }, body: 'x' });
+
+  it('a refused upload is read off within bounds, then the connection closed: past 8 MiB, or after 5 s of silence', async () => {
+    const sockets: net.Socket[] = [];
+    const server = http.createServer(idempotency({ store })(() => undefined));
+    server.on('connection', (socket) => sockets.push(socket));
+    const bounded = await listen(server, {});
+    try {
+      const flooded = await stallingUpload(bounded.url, 20 * MiB);
+      expect(flooded).toMatch(/^HTTP\/1\.1 413 /);
+      expect(flooded.toLowerCase()).toContain('\r\nconnection: close\r\n');
+      expect(sockets[0]!.bytesRead).toBeGreaterThan(8 * MiB);
+      expect(sockets[0]!.bytesRead).toBeLessThan(12 * MiB);
+      expect(await stallingUpload(bounded.url, 0)).toMatch(/^HTTP\/1\.1 413 /);
+    } finally {
+      await bounded.close();
+    }
+  });
 
   it('flushHeaders() does not send the status before the response is saved', async () => {
     const first = await post('/flush', 'flush-1');

@@ -367,6 +367,21 @@ describe.each(setups)('loan desk on $name', (setup) => {
     expect((await postLoan(base, intent())).status).toBe(201);
   });
 
+  it('30 fetch uploads of 5 MB all get their 413 with Connection: close (none a reset, so no client retries them)', async () => {
+    const body = JSON.stringify({ ...intent(), pad: 'x'.repeat(5_000_000) });
+    const outcomes: string[] = [];
+    for (let i = 0; i < 30; i++) {
+      outcomes.push(
+        await postLoan(base, body, { key: key('BIG') }).then(
+          (response) => `${response.status} ${response.headers.get('connection')}`,
+          (error: { cause?: { code?: string } }) => error.cause?.code ?? String(error),
+        ),
+      );
+    }
+    expect(outcomes).toEqual(Array(30).fill('413 close'));
+    expect((await postLoan(base, intent(), { key: key() })).status).toBe(201);
+  });
+
   it('answers unknown paths 404, unknown loans 404, wrong methods 405; GET ignores keys', async () => {
     expect((await getJson(base, '/nowhere')).body).toEqual({ error: 'path_not_found' });
     expect((await getJson(base, '/nowhere')).status).toBe(404);

@@ -11,6 +11,7 @@ import {
 import {
   BODY_TOO_LARGE,
   capture,
+  closeAfterDrain,
   keyHeaderOf,
   readBody,
   resetHeaders,
@@ -87,17 +88,19 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
       case 'rejected':
         // Atomic mode could not commit what the handler answered: none of it may reach the client.
         if (before) resetHeaders(res, before);
+        // The rest of an oversized body is still on its way: whoever answers, read it off first.
+        if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(req, res);
         if (!renderErrors) return next(outcome.error);
-        // An unread oversized body is still on the socket: close it rather than parse it.
-        return send(res, engine.render(outcome.error), outcome.error.code === ErrorCode.bodyTooLarge);
+        return send(res, engine.render(outcome.error));
     }
   }
 
   return function idempotencyMiddleware(req, res, next) {
     // Express 4 ignores a rejected promise, so every failure is routed here: the client left
-    // mid-body (nobody to answer) or the user's `scope` threw (their error path decides).
+    // mid-body (nobody to answer) or the user's `scope` or the engine threw (their error path
+    // decides). `req.destroyed` tells neither: a request whose body was read is destroyed too.
     guard(req, res, next).catch((error: unknown) => {
-      if (req.destroyed || res.headersSent) res.destroy();
+      if (res.destroyed || res.headersSent) res.destroy();
       else next(error);
     });
   };

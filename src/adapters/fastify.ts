@@ -20,6 +20,7 @@ import {
   type Outcome,
   type StoredResponse,
 } from '../core/index.js';
+import { closeAfterDrain } from './node-http.js';
 
 export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest> {
   /**
@@ -151,6 +152,10 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
         },
       });
       payload.once('error', (error) => tee.destroy(error));
+      // Fastify hears the request's error through the tee while it parses; once it stopped
+      // reading (a body past its limit) the tee is orphaned, and its copy of the error must not
+      // crash the process.
+      tee.on('error', () => undefined);
       done(null, payload.pipe(tee));
     },
 
@@ -197,6 +202,9 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
     },
 
     onSend: async function retrysafeOnSend(request, reply, payload) {
+      // Fastify refuses an upload past its bodyLimit without reading the rest: read it off before
+      // the connection closes, or the client gets a reset instead of this 413.
+      if (reply.statusCode === 413) closeAfterDrain(request.raw, reply.raw);
       const waiting = pending.get(request);
       if (waiting === undefined || waiting.settled) return payload;
       waiting.settled = true;

@@ -41,12 +41,88 @@ export function keyHeaderOf(req: IncomingMessage): string[] | undefined {
   return values;
 }
 
-export function send(res: ServerResponse, response: StoredResponse, close = false): void {
+// RFC 9110 §8.6: these carry no Content-Length (a 304's would describe the cached representation).
+const withoutLength = (status: number) => status < 200 || status === 204 || status === 304;
+
+export function send(res: ServerResponse, response: StoredResponse): void {
   if (res.headersSent) return;
-  if (close) res.setHeader('connection', 'close');
-  if (!res.hasHeader('content-length')) res.setHeader('content-length', response.body.byteLength);
+  if (!withoutLength(response.status) && !res.hasHeader('content-length')) {
+    res.setHeader('content-length', response.body.byteLength);
+  }
   res.writeHead(response.status, response.headers);
   res.end(response.body);
+}
+
+/**
+ * How much of a refused request body (413) is read and dropped, and for how long, before the
+ * connection is closed anyway. Closing a socket that still has unread bytes makes the kernel reset
+ * it, and a client still writing its upload (Node's fetch among them) then sees EPIPE instead of
+ * the 413 it was sent, and retries a request that can never succeed. Reading the rest lets it
+ * finish writing, or read the answer and hang up; the bounds keep a client from streaming into
+ * the server for ever. 8 MiB covers the few-megabyte uploads that typically overshoot the 1 MiB
+ * default limit; 5 s is ample to carry that much on any working link.
+ */
+const DRAIN_MAX_BYTES = 8 * 1024 * 1024;
+const DRAIN_MAX_MS = 5_000;
+
+/**
+ * Makes the answer to a request whose body will not be read arrive instead of a reset:
+ * `Connection: close`, the answer sent as soon as it is written, and the response (with it the
+ * socket) ended only once the rest of the body was read and dropped, within the bounds above.
+ * Call it before the answer is written, whether we or the framework's error path write it.
+ */
+export function closeAfterDrain(req: IncomingMessage, res: ServerResponse): void {
+  if (req.complete || res.headersSent) return;
+  res.setHeader('connection', 'close');
+  const drained = drain(req);
+  const end = res.end;
+  res.end = ((chunk?: unknown, encoding?: unknown, callback?: unknown) => {
+    res.end = end;
+    if (typeof chunk === 'function') [chunk, callback] = [undefined, chunk];
+    else if (typeof encoding === 'function') [encoding, callback] = [undefined, encoding];
+    if (chunk !== undefined && chunk !== null) {
+      const bytes =
+        typeof chunk === 'string' ? Buffer.from(chunk, encodingOf(encoding)) : (chunk as Uint8Array);
+      // With its length declared, the client can take the answer as complete before the end.
+      if (!res.headersSent && !res.hasHeader('content-length')) {
+        res.setHeader('content-length', bytes.byteLength);
+      }
+      res.write(bytes);
+    }
+    void drained.then(() => res.end(callback as (() => void) | undefined));
+    return res;
+  }) as typeof res.end;
+}
+
+function encodingOf(encoding: unknown): BufferEncoding {
+  return typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8';
+}
+
+function drain(req: IncomingMessage): Promise<void> {
+  return new Promise((resolve) => {
+    if (req.complete || req.destroyed) return resolve();
+    let bytes = 0;
+    const stop = () => {
+      clearTimeout(timer);
+      req.off('data', count);
+      req.off('end', stop);
+      req.off('error', stop);
+      req.off('close', stop);
+      resolve();
+    };
+    const count = (chunk: Buffer) => {
+      bytes += chunk.length;
+      if (bytes > DRAIN_MAX_BYTES) stop();
+    };
+    const timer = setTimeout(stop, DRAIN_MAX_MS);
+    // Whatever was reading the body (a framework's parser, a tee) gave up on it.
+    req.unpipe();
+    req.on('data', count);
+    req.once('end', stop);
+    req.once('error', stop);
+    req.once('close', stop);
+    req.resume();
+  });
 }
 
 /** Sends the response of a handler that ran (unless it was streamed already) or of a replay. */

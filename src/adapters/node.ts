@@ -3,6 +3,7 @@ import { createIdempotency, type IdempotencyContext, type IdempotencyOptions } f
 import {
   BODY_TOO_LARGE,
   capture,
+  closeAfterDrain,
   internalError,
   keyHeaderOf,
   readBody,
@@ -42,7 +43,10 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
       try {
         body = await readBody(req, engine.maxBodyBytes);
       } catch (error) {
-        if (error === BODY_TOO_LARGE) return send(res, engine.render(engine.bodyTooLarge()), true);
+        if (error === BODY_TOO_LARGE) {
+          closeAfterDrain(req, res);
+          return send(res, engine.render(engine.bodyTooLarge()));
+        }
         // The client went away mid-body: there is nobody to answer.
         res.destroy();
         return;

@@ -6,6 +6,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { Worker } from 'node:worker_threads';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -35,6 +36,7 @@ import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support
  * - `POST /stream?size=S`: the same bytes, streamed in 1 KiB chunks with a macrotask between.
  * - `POST /fail`: 500 JSON `{"error":"boom"}` on its first call, then as `/orders`.
  * - `POST /slow?ms=M`: waits M ms, then as `/orders`.
+ * - `POST /empty`: 204 with header `x-trace: <n>` and no body.
  * - every path of `throwPaths`: fails on its first call in one of the framework's error idioms
  *   (sync throw, rejected promise, `next(err)`…), then as `/orders`.
  *
@@ -47,8 +49,14 @@ export interface AdapterUnderTest {
   start(options: AppOptions): Promise<RunningApp>;
 }
 
-/** The engine options, with `scope` replaced by a switch: scope = the Authorization header. */
-export type AppOptions = Omit<IdempotencyOptions, 'scope'> & { scopeByAuthorization?: boolean };
+/**
+ * The engine options. `scope` is one that ignores the request (the request type differs per
+ * framework); `scopeByAuthorization` switches to scope = the Authorization header.
+ */
+export type AppOptions = Omit<IdempotencyOptions, 'scope'> & {
+  scope?: () => string;
+  scopeByAuthorization?: boolean;
+};
 
 export interface RunningApp {
   /** `http://127.0.0.1:<port>` */
@@ -120,6 +128,7 @@ export type Planned = { status: number; headers: Record<string, string>; delayMs
   | { kind: 'text'; text: string }
   | { kind: 'bytes'; bytes: Buffer }
   | { kind: 'stream'; chunks: Buffer[] }
+  | { kind: 'empty' }
   | { kind: 'fail' }
 );
 
@@ -170,6 +179,8 @@ export function plan(
       return n === 1 ? { kind: 'json', status: 500, headers: {}, json: { error: 'boom' } } : order;
     case '/slow':
       return { ...order, delayMs: Number(url.searchParams.get('ms') ?? 100) };
+    case '/empty':
+      return { kind: 'empty', status: 204, headers: { 'x-trace': String(n) } };
     default:
       return n === 1 ? { kind: 'fail', status: 500, headers: {} } : order;
   }
@@ -257,6 +268,54 @@ function rawPost(
     // `Connection: close` makes it close once it has.
     socket.write(request);
   });
+}
+
+/**
+ * `count` fetch POSTs of a JSON body of `bytes` bytes, one after another, each with a new key,
+ * sent from a worker thread: a client on the server's own event loop never writes while the
+ * server closes, so it would not see the resets a client in another process sees. Resolves with
+ * each status, or the code of the network error that replaced it.
+ */
+async function uploadFromAnotherThread(
+  app: RunningApp,
+  path: string,
+  count: number,
+  bytes: number,
+): Promise<Array<number | string>> {
+  const worker = new Worker(
+    `
+    const { parentPort, workerData } = require('node:worker_threads');
+    const { randomUUID } = require('node:crypto');
+    (async () => {
+      const body = JSON.stringify({ pad: 'x'.repeat(workerData.bytes) });
+      const outcomes = [];
+      for (let i = 0; i < workerData.count; i++) {
+        try {
+          const res = await fetch(workerData.url, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json', 'idempotency-key': 'k-' + randomUUID() },
+            body,
+            signal: AbortSignal.timeout(15000),
+          });
+          await res.arrayBuffer();
+          outcomes.push(res.status);
+        } catch (error) {
+          outcomes.push(error.cause?.code ?? String(error));
+        }
+      }
+      parentPort.postMessage(outcomes);
+    })();
+    `,
+    { eval: true, workerData: { url: app.url + path, count, bytes } },
+  );
+  try {
+    return await new Promise((resolve, reject) => {
+      worker.once('message', resolve);
+      worker.once('error', reject);
+    });
+  } finally {
+    await worker.terminate();
+  }
 }
 
 async function until(condition: () => boolean, what: string): Promise<void> {
@@ -626,6 +685,46 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(app.calls['POST /orders']).toBeUndefined();
             expect((await send(app, 'POST', '/orders', { key: newKey(), body: { a: 1 } })).status).toBe(201);
           }));
+
+        // Store-independent, so once per adapter: 30 uploads of 5 MB are not free on a shared machine.
+        if (factory === stores[0])
+          it('30 fetch uploads of 5 MB over maxBodyBytes: all 30 get their 413, none a reset; the server stays up', () =>
+            withApp({}, async (app) => {
+              expect(await uploadFromAnotherThread(app, '/orders', 30, 5_000_000)).toEqual(
+                Array(30).fill(413),
+              );
+              expect(app.calls['POST /orders']).toBeUndefined();
+              expect((await send(app, 'POST', '/orders', { key: newKey(), body: { a: 1 } })).status).toBe(
+                201,
+              );
+            }));
+
+        it('a 204 carries no Content-Length, first answer or replay (RFC 9110 §8.6)', () =>
+          withApp({ replayHeaders: ['x-trace'] }, async (app) => {
+            const key = newKey();
+            const first = await send(app, 'POST', '/empty', { key, body: {} });
+            const replay = await send(app, 'POST', '/empty', { key, body: {} });
+            expect([first.status, replay.status]).toEqual([204, 204]);
+            expect(first.headers.get('content-length')).toBeNull();
+            expect(replay.headers.get('content-length')).toBeNull();
+            expect(replay.headers.get('idempotency-replayed')).toBe('true');
+            expect(replay.headers.get('x-trace')).toBe('1');
+            expect(app.calls['POST /empty']).toBe(1);
+          }));
+
+        it("a `scope` that throws goes down the framework's error path: an answer, never a reset", () =>
+          withApp(
+            {
+              scope: () => {
+                throw new Error('no tenant');
+              },
+            },
+            async (app) => {
+              const reply = await send(app, 'POST', '/orders', { key: newKey(), body: { a: 1 } });
+              expect(reply.status).toBe(500);
+              expect(app.calls['POST /orders']).toBeUndefined();
+            },
+          ));
 
         it.each(['/stream', '/buffer'])(
           'a %s response over maxResponseBytes is sent whole, not stored, and the key released',
