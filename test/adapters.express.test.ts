@@ -19,6 +19,7 @@ import {
   postgres,
   type RunningApp,
   sqlite,
+  uploadFromAnotherThread,
 } from './conformance/adapter-suite.js';
 
 // Express 4 is installed under an alias (npm:express@4); its API is the subset typed here.
@@ -186,6 +187,7 @@ describe('express specifics', () => {
             idempotency({ store, required: true, renderErrors: false }),
             echo,
           );
+          a.post('/next-errors-raw', idempotency({ store, renderErrors: false }), echo);
           a.post(
             '/next-errors-custom',
             express.json(),
@@ -268,6 +270,11 @@ describe('express specifics', () => {
           expect(reply.status, path).toBe(401);
           expect(JSON.parse(reply.text), path).toEqual({ error: 'app_error' });
         }
+      });
+
+      it('renderErrors: false, no parser: the 413 the error middleware renders for a 5 MB upload arrives, never a reset', async () => {
+        const outcomes = await uploadFromAnotherThread(app, '/next-errors-raw', 10, 5_000_000);
+        expect(outcomes).toEqual(Array(10).fill(413));
       });
 
       it('a stream piped into res is captured and replayed', async () => {

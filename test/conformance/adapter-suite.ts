@@ -273,10 +273,11 @@ function rawPost(
 /**
  * `count` fetch POSTs of a JSON body of `bytes` bytes, one after another, each with a new key,
  * sent from a worker thread: a client on the server's own event loop never writes while the
- * server closes, so it would not see the resets a client in another process sees. Resolves with
- * each status, or the code of the network error that replaced it.
+ * server closes, so it would not see the resets a client in another process sees. Every other
+ * upload is streamed (chunked, no Content-Length), so a limit found mid-body is tried too.
+ * Resolves with each status, or the code of the network error that replaced it.
  */
-async function uploadFromAnotherThread(
+export async function uploadFromAnotherThread(
   app: RunningApp,
   path: string,
   count: number,
@@ -294,7 +295,8 @@ async function uploadFromAnotherThread(
           const res = await fetch(workerData.url, {
             method: 'POST',
             headers: { 'content-type': 'application/json', 'idempotency-key': 'k-' + randomUUID() },
-            body,
+            body: i % 2 === 0 ? body : new Blob([body]).stream(),
+            duplex: 'half',
             signal: AbortSignal.timeout(15000),
           });
           await res.arrayBuffer();
