@@ -343,6 +343,8 @@ describe('loan desk on SQLite', () => {
       const failed = await postWhileLocked(desk, body, k);
       expect(failed.status).toBe(503);
       expect(failed.body.error).toBe('database_unavailable');
+      // A 503 says when to come back, as the engine's own 503s do.
+      expect(failed.headers.get('retry-after')).toBe('1');
       const retry = await postLoan(desk.baseUrl, body, { key: k });
       expect(retry.status).toBe(201);
       expect(retry.headers.get('idempotency-replayed')).toBeNull();

@@ -273,5 +273,47 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       expect(await effects('a4')).toBe(0);
       expect((await store.claim(input('a4'))).outcome).toBe('acquired');
     });
+
+    // A backend terminated just after it said ReadyForQuery: both messages arrive in one read, so
+    // pg hands the client out and, in the same tick, emits the FATAL on it as an 'error' event,
+    // before any code awaiting `pool.connect()` resumes. Unheard, that event kills the process.
+    it('a connection dropped as the pool hands it out fails the call, not the process', async () => {
+      const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
+      let unheard = 0;
+      let dropNext = true;
+      type Callback = (error: Error | undefined, client?: pg.PoolClient, done?: () => void) => void;
+      const connect = pool.connect.bind(pool) as (callback: Callback) => void;
+      pool.connect = ((callback?: Callback) => {
+        let settle: Callback = () => {};
+        const handedOut = new Promise<pg.PoolClient>((resolve, reject) => {
+          settle = (error, client) => (error ? reject(error) : resolve(client!));
+        });
+        connect((error, client, done) => {
+          (callback ?? settle)(error, client, done);
+          if (!client || !dropNext) return;
+          dropNext = false;
+          const fatal = Object.assign(new Error('terminating connection due to administrator command'), {
+            code: '57P01',
+          });
+          try {
+            // What pg does with that FATAL: the client stops taking queries and emits 'error'.
+            (client as unknown as { _handleErrorEvent(error: Error): void })._handleErrorEvent(fatal);
+          } catch {
+            unheard++;
+          }
+        });
+        return callback ? undefined : handedOut;
+      }) as typeof pool.connect;
+      const own = postgresStore({ pool, schema });
+      const work = async () => ({ response: response('ok'), commit: true });
+      try {
+        await expect(own.atomic(input('dropped-on-hand-out'), work)).rejects.toThrow();
+        expect(unheard).toBe(0);
+        expect((await own.atomic(input('dropped-on-hand-out'), work)).outcome).toBe('executed');
+      } finally {
+        await own.close();
+        await pool.end();
+      }
+    });
   });
 });

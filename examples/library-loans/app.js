@@ -20,7 +20,12 @@ function send(res, status, payload, headers = {}) {
 
 function databaseUnavailable(res, doing, error) {
   console.error(`loan desk: ${doing} failed:`, error.message);
-  send(res, 503, { error: 'database_unavailable', message: 'The database did not answer; try again.' });
+  send(
+    res,
+    503,
+    { error: 'database_unavailable', message: 'The database did not answer; try again.' },
+    { 'retry-after': '1' },
+  );
 }
 
 /**

@@ -467,14 +467,22 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       input: ClaimInput,
       work: (tx: pg.PoolClient) => Promise<AtomicWorkResult>,
     ): Promise<AtomicResult> {
-      const client = await pool.connect();
       // A connection that dies between our queries (while the handler awaits something else)
       // would otherwise emit an unhandled 'error'; the next query on it rejects instead.
       let broken: Error | undefined;
       const onError = (error: Error) => {
         broken = error;
       };
-      client.on('error', onError);
+      // Listening from pg's own callback, not after `await pool.connect()`: a backend terminated
+      // just after startup sends its FATAL in the same read as ReadyForQuery, and pg emits it on
+      // the client in the tick it hands the client out, before an awaiting caller resumes.
+      const client = await new Promise<pg.PoolClient>((resolve, reject) => {
+        pool.connect((error, connected) => {
+          if (error || !connected) return reject(error);
+          connected.on('error', onError);
+          resolve(connected);
+        });
+      });
       try {
         await prepare(client, ATOMIC_STATEMENTS);
         // A duplicate blocks on the primary key until the first transaction ends; bound that, but

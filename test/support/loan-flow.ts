@@ -34,7 +34,7 @@ interface Attempt {
   startMs: number;
   endMs: number;
   /** `hung`: no answer within HANG_BOUND_MS; `network`: the connection failed. */
-  outcome: { status: number; text: string } | 'hung' | 'network';
+  outcome: { status: number; text: string; retryAfter: string | null } | 'hung' | 'network';
 }
 
 export interface Intent {
@@ -75,7 +75,8 @@ function startFlow(baseUrl: string) {
       try {
         const response = await fetch(request, init);
         const text = await response.clone().text();
-        attempts.push({ startMs, endMs: Date.now(), outcome: { status: response.status, text } });
+        const retryAfter = response.headers.get('retry-after');
+        attempts.push({ startMs, endMs: Date.now(), outcome: { status: response.status, text, retryAfter } });
         return response;
       } catch (error) {
         // No caller signal is given: an aborted attempt is one the client's attempt timeout cut off.
@@ -181,8 +182,8 @@ export function expectDeskAlive(desk: LoanDesk): void {
 /**
  * Runs the flow through `fault`, which takes the dependency away and resolves once it is back,
  * then checks: every attempt answered within the bound and without a dropped connection (a desk
- * process that died would drop them); every answer that was not a loan a JSON 503 or in-progress
- * 409, none before the fault and at least one 503; a loan lent again within RECOVERY_BOUND_MS;
+ * process that died would drop them); every answer that was not a loan a JSON 503 with
+ * `Retry-After` or an in-progress 409, none before the fault and at least one 503; a loan lent again within RECOVERY_BOUND_MS;
  * every intent ended with its 201 and exactly one loan. Prints and returns what it saw.
  */
 export async function flowThroughFault(desk: LoanDesk, label: string, fault: () => Promise<void>) {
@@ -208,6 +209,8 @@ export async function flowThroughFault(desk: LoanDesk, label: string, fault: () 
     expect(attempt.outcome).not.toBe('network');
     if (typeof attempt.outcome === 'string' || attempt.outcome.status === 201) continue;
     expect(`${attempt.outcome.status} ${errorCode(attempt.outcome.text)}`).toMatch(TRANSIENT_ANSWER);
+    // A 503 tells the client when to come back; no other 5xx is ever answered.
+    if (attempt.outcome.status === 503) expect(attempt.outcome.retryAfter).toMatch(/^\d+$/);
   }
   expect(seen.failuresBeforeTheFault).toBe(0);
   expect(seen.status503).toBeGreaterThan(0);
