@@ -474,20 +474,31 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       ),
       leaseMs,
       ttlMs,
+      timeoutMs: storeTimeoutMs,
     };
 
     const deadline = Date.now() + (concurrency === 'wait' ? waitMs : 0);
     for (;;) {
       let retryAfterMs: number;
       if (mode === 'atomic') {
-        const outcome = await runAtomic(claim, run);
+        // In atomic mode a duplicate's claim waits on the original's open transaction: within `wait`.
+        const outcome = await runAtomic({ ...claim, waitMs: Math.max(0, deadline - Date.now()) }, run);
         if (outcome.kind !== 'in_progress') return outcome;
         retryAfterMs = outcome.retryAfterMs;
       } else {
         let result: Awaited<ReturnType<IdempotencyStore['claim']>>;
+        const claiming = store.claim(claim);
         try {
-          result = await guard(store.claim(claim));
+          result = await guard(claiming);
         } catch (error) {
+          // The client is told nothing ran, so a claim that still lands after the timeout must not
+          // hold the key for a whole lease: it is released as soon as it answers.
+          claiming
+            .then(
+              (late) => late.outcome === 'acquired' && store.release(claim.scope, key, late.token),
+              () => undefined,
+            )
+            .catch(() => undefined);
           return { kind: 'rejected', error: storeDown(error, key) };
         }
         switch (result.outcome) {

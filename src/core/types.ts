@@ -17,6 +17,16 @@ export interface ClaimInput {
   leaseMs: number;
   /** Retention: how long after the claim the record (and its replay) lives. */
   ttlMs: number;
+  /**
+   * How long the claim may take, waits on locks included (the engine passes `storeTimeout`): a
+   * store that waits on locks gives up within it and fails the call. @default the store's own bounds
+   */
+  timeoutMs?: number;
+  /**
+   * Atomic mode: how long the claim may wait on a concurrent duplicate's open transaction before
+   * answering `in_progress`; 0 answers at once. @default leaseMs
+   */
+  waitMs?: number;
 }
 
 /**

@@ -48,8 +48,7 @@ export interface PostgresStoreOptions {
   connectTimeoutMs?: number;
   /**
    * Server-side `statement_timeout` of the store's own pool (a client-side guard fires a second
-   * later for a network that stopped answering). Also bounds how long an atomic claim blocks
-   * behind a concurrent duplicate.
+   * later for a network that stopped answering). Also bounds an atomic claim given no `timeoutMs`.
    * @default 15000
    */
   statementTimeoutMs?: number;
@@ -75,7 +74,6 @@ const CLAIM_ATTEMPTS = 4;
  */
 const BLOCKED_RETRY_AFTER_MS = 1000;
 const LOCK_NOT_AVAILABLE = '55P03';
-const QUERY_CANCELED = '57014';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 const DUPLICATE_PREPARED_STATEMENT = '42P05';
 const MISSING_PREPARED_STATEMENT = '26000';
@@ -106,14 +104,24 @@ function literals(values: readonly (string | number)[]): string {
   return values.map((value) => pg.escapeLiteral(String(value))).join(', ');
 }
 
-/** Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run them. */
-async function prepare(client: pg.PoolClient, statements: readonly Statement[]): Promise<void> {
+/**
+ * Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run
+ * them. Preparing waits on a lock of the table like the statement itself would, so it is bounded
+ * by `timeoutMs` (the SETs share the query's implicit transaction: a timeout undoes them too).
+ */
+async function prepare(
+  client: pg.PoolClient,
+  statements: readonly Statement[],
+  timeoutMs: number,
+): Promise<void> {
   const names = preparedOn.get(client) ?? new Set<string>();
   preparedOn.set(client, names);
   for (const { name, text } of statements) {
     if (names.has(name)) continue;
     try {
-      await client.query(`PREPARE ${name} AS ${text}`);
+      await client.query(
+        `SET statement_timeout = ${timeoutMs}; PREPARE ${name} AS ${text}; SET statement_timeout TO DEFAULT`,
+      );
     } catch (error) {
       // Another copy of this module (one per package format, say) prepared it on this connection.
       if ((error as { code?: string }).code !== DUPLICATE_PREPARED_STATEMENT) throw error;
@@ -484,19 +492,36 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         });
       });
       try {
-        await prepare(client, ATOMIC_STATEMENTS);
-        // A duplicate blocks on the primary key until the first transaction ends; bound that, but
-        // only around the claim, not the handler's own queries. A simple query may hold several
-        // statements, so the first one also opens the transaction: one round trip.
-        const lockTimeoutMs = Math.max(1, Math.ceil(Math.min(input.leaseMs, statementTimeoutMs)));
-        let begin = 'BEGIN; ';
+        const waitMs = Math.max(1, Math.ceil(input.waitMs ?? input.leaseMs));
+        const timeoutMs = Math.max(1, Math.ceil(input.timeoutMs ?? statementTimeoutMs));
+        await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
+        // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
+        // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
+        // in_progress. Anything else it waits on (the key table locked, a stuck server) is
+        // `timeoutMs`, then statement_timeout fails the call. The table lock is taken first, under
+        // statement_timeout alone, so that a locked table is never mistaken for a duplicate. A
+        // simple query may hold several statements: the first one also opens the transaction.
+        const BEGIN = `BEGIN; SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = ${timeoutMs};
+          LOCK TABLE ${qualified} IN ROW EXCLUSIVE MODE; `;
+        let begin = BEGIN;
         const query: ClaimQuery = async (take, values) => {
-          const text = `${begin}SET LOCAL lock_timeout = ${lockTimeoutMs};
+          const text = `${begin}SET LOCAL lock_timeout = ${waitMs};
+            SET LOCAL statement_timeout = ${waitMs + timeoutMs};
             EXECUTE ${(take ? ATOMIC.takeOver : ATOMIC.claim).name}(${literals(values)});
-            SET LOCAL lock_timeout TO DEFAULT`;
+            SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT`;
           begin = '';
-          const results = (await client.query(text)) as unknown as pg.QueryResult<RecordRow>[];
-          return results[results.length - 2]!;
+          try {
+            // The client-side guard, for a network that stopped answering: safe at any moment,
+            // since nothing commits without our COMMIT and the connection is then discarded.
+            const results = (await client.query({
+              text,
+              query_timeout: waitMs + timeoutMs,
+            } as pg.QueryConfig)) as unknown as pg.QueryResult<RecordRow>[];
+            return results[results.length - 3]!;
+          } catch (error) {
+            if ((error as { code?: string }).code === undefined) broken ??= error as Error;
+            throw error;
+          }
         };
         let claimed: ClaimResult;
         try {
@@ -505,13 +530,12 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
             if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
             await client.query('ROLLBACK');
             preparedOn.delete(client);
-            await prepare(client, ATOMIC_STATEMENTS);
-            begin = 'BEGIN; ';
+            await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
+            begin = BEGIN;
             return claimWith(query, input);
           });
         } catch (error) {
-          const code = (error as { code?: string }).code;
-          if (code !== LOCK_NOT_AVAILABLE && code !== QUERY_CANCELED) throw error;
+          if ((error as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw error;
           claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
         }
         if (claimed.outcome !== 'acquired') {
@@ -531,9 +555,11 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         await client.query('COMMIT');
         return { outcome: 'executed', response: result.response, committed: true };
       } catch (error) {
-        await client.query('ROLLBACK').catch((rollbackError: Error) => {
-          broken ??= rollbackError;
-        });
+        if (!broken) {
+          await client.query('ROLLBACK').catch((rollbackError: Error) => {
+            broken ??= rollbackError;
+          });
+        }
         throw error;
       } finally {
         client.off('error', onError);

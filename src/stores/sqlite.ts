@@ -172,6 +172,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   } else if (options.busyTimeoutMs !== undefined) {
     db.pragma(`busy_timeout = ${busyTimeoutMs}`);
   }
+  const configuredBusyMs = db.pragma('busy_timeout', { simple: true }) as number;
 
   const t = `"${table}"`;
   db.exec(`
@@ -293,6 +294,17 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     return existing(row, input, nowMs);
   }
 
+  /** Runs `fn` with the wait for another process's write lock bounded by `timeoutMs` as well. */
+  function withinTimeout<T>(timeoutMs: number | undefined, fn: () => T): T {
+    if (timeoutMs === undefined || timeoutMs >= configuredBusyMs) return fn();
+    db.pragma(`busy_timeout = ${Math.max(1, Math.ceil(timeoutMs))}`);
+    try {
+      return fn();
+    } finally {
+      db.pragma(`busy_timeout = ${configuredBusyMs}`);
+    }
+  }
+
   // IMMEDIATE takes the write lock first, so the insert and the read of the row it collided with
   // see one state even across processes. Inside an open transaction this is a savepoint.
   function claimNow(input: ClaimInput): ClaimResult {
@@ -315,6 +327,8 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   const root = new SerialQueue();
   const frames = new AsyncLocalStorage<Frame>();
   const waiters = new Waiters();
+  /** Records whose atomic transaction is queued or open in this process. */
+  const holding = new Set<string>();
   let savepoints = 0;
   let closed = false;
 
@@ -327,13 +341,14 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
 
   function runTransaction<T>(
     fn: (db: Database.Database) => Promise<{ value: T; commit: boolean }>,
+    timeoutMs?: number,
   ): Promise<T> {
     const nested = frames.getStore()?.open === true;
     return exclusive(async () => {
       const savepoint = nested ? `retrysafe_${++savepoints}` : undefined;
       const commitSql = savepoint ? `RELEASE ${savepoint}` : 'COMMIT';
       const rollbackSql = savepoint ? `ROLLBACK TO ${savepoint}; RELEASE ${savepoint}` : 'ROLLBACK';
-      db.exec(savepoint ? `SAVEPOINT ${savepoint}` : 'BEGIN IMMEDIATE');
+      withinTimeout(timeoutMs, () => db.exec(savepoint ? `SAVEPOINT ${savepoint}` : 'BEGIN IMMEDIATE'));
       const frame: Frame = { open: true, queue: new SerialQueue() };
       try {
         const { value, commit } = await frames.run(frame, () => fn(db));
@@ -361,6 +376,11 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   ): Promise<AtomicResult> {
     const completed = completedNow(input);
     if (completed) return completed;
+    const id = recordId(input.scope, input.key);
+    // A duplicate would otherwise queue behind the original's transaction for as long as its
+    // handler runs, past `wait` and `concurrency: 'reject'`; it is in progress, and says so now.
+    if (holding.has(id)) return { outcome: 'in_progress', retryAfterMs: input.leaseMs };
+    holding.add(id);
     try {
       return await runTransaction<AtomicResult>(async (connection) => {
         const claimed = claimNow(input);
@@ -371,15 +391,18 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
           throw new Error('sqliteStore.atomic: the record expired while the work ran; rolled back');
         }
         return { value: { outcome: 'executed', response, committed: commit }, commit };
-      });
+      }, input.timeoutMs);
     } finally {
-      waiters.wake(recordId(input.scope, input.key));
+      holding.delete(id);
+      waiters.wake(id);
     }
   }
 
   function claim(input: ClaimInput): Promise<ClaimResult> {
     const completed = completedNow(input);
-    return completed ? Promise.resolve(completed) : exclusive(() => claimNow(input));
+    return completed
+      ? Promise.resolve(completed)
+      : exclusive(() => withinTimeout(input.timeoutMs, () => claimNow(input)));
   }
 
   async function complete(scope: string, key: string, token: string, response: StoredResponse) {
@@ -404,8 +427,11 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
       if (closed) return;
       const nowMs = Date.now();
       const row = selectLease.get(scope, key);
-      if (!row || row.completed_at_ms !== null || row.lease_until_ms <= nowMs || nowMs >= deadlineMs) return;
-      await waiters.sleep(id, Math.min(intervalMs, deadlineMs - nowMs, row.lease_until_ms - nowMs));
+      if (nowMs >= deadlineMs) return;
+      // An atomic original of this process may still be queued: no row yet, but in progress.
+      const leaseLeftMs = holding.has(id) ? intervalMs : (row?.lease_until_ms ?? nowMs) - nowMs;
+      if (!holding.has(id) && (!row || row.completed_at_ms !== null || leaseLeftMs <= 0)) return;
+      await waiters.sleep(id, Math.min(intervalMs, deadlineMs - nowMs, leaseLeftMs));
       intervalMs = Math.min(intervalMs * 2, maxPollIntervalMs);
     }
   }
