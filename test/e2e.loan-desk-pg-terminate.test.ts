@@ -6,8 +6,8 @@ import { flowThroughFault } from './support/loan-flow.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
- * The loan desk on PostgreSQL (atomic mode, WORKERS=2) while its connections are terminated every
- * 40–100 ms under a steady flow of keyed loans. Only this desk's backends are terminated: it
+ * The loan desk on PostgreSQL (WORKERS=2) while its connections are terminated every 40–100 ms
+ * under a steady flow of keyed loans. Only this desk's backends are terminated: it
  * connects with an application_name of its own and the loop filters on it, so the PostgreSQL that
  * other suites share is left alone.
  */
@@ -16,45 +16,57 @@ import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 const TERMINATING_MS = 10_000;
 
 describe.skipIf(!hasPostgres)('loan desk on PostgreSQL while its backends are terminated', () => {
-  const schema = uniqueName('rs_desk_pg_term');
+  const schemas: string[] = [];
   afterAll(async () => {
     const admin = new pg.Client({ connectionString: PG_URL });
     await admin.connect();
-    await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    for (const schema of schemas) await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await admin.end();
   });
 
-  it('WORKERS=2, atomic mode: no worker exits, only JSON 503s with Retry-After, one loan per intent', async () => {
-    const applicationName = uniqueName('rs_desk_term');
-    const url = new URL(PG_URL);
-    url.searchParams.set('schema', schema);
-    url.searchParams.set('application_name', applicationName);
-    const desk = await startLoanDesk({ workers: 2, env: { DATABASE_URL: url.toString() } });
-    const admin = new pg.Client({ connectionString: PG_URL, application_name: `${applicationName}_admin` });
-    await admin.connect();
-    let terminated = 0;
-    try {
-      const { seen } = await flowThroughFault(
-        desk,
-        'loan desk on PostgreSQL, WORKERS=2, backends terminated',
-        async () => {
-          const until = Date.now() + TERMINATING_MS;
-          while (Date.now() < until) {
-            const { rows } = await admin.query<{ done: boolean }>(
-              `SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity
+  const variants = [
+    { name: 'atomic mode', env: {} },
+    // A short lease: a key whose release failed with its connection is free again soon after.
+    { name: 'lease mode, keys in PostgreSQL', env: { IDEMPOTENCY_MODE: 'lease', IDEMPOTENCY_LEASE: '3s' } },
+  ];
+
+  it.each(variants)(
+    'WORKERS=2, $name: no worker exits, only JSON 503s with Retry-After, one loan per intent',
+    async ({ name, env }) => {
+      const schema = uniqueName('rs_desk_pg_term');
+      schemas.push(schema);
+      const applicationName = uniqueName('rs_desk_term');
+      const url = new URL(PG_URL);
+      url.searchParams.set('schema', schema);
+      url.searchParams.set('application_name', applicationName);
+      const desk = await startLoanDesk({ workers: 2, env: { DATABASE_URL: url.toString(), ...env } });
+      const admin = new pg.Client({ connectionString: PG_URL, application_name: `${applicationName}_admin` });
+      await admin.connect();
+      let terminated = 0;
+      try {
+        const { seen } = await flowThroughFault(
+          desk,
+          `loan desk on PostgreSQL, WORKERS=2, ${name}, backends terminated`,
+          async () => {
+            const until = Date.now() + TERMINATING_MS;
+            while (Date.now() < until) {
+              const { rows } = await admin.query<{ done: boolean }>(
+                `SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity
                WHERE application_name = $1 AND datname = current_database()`,
-              [applicationName],
-            );
-            terminated += rows.filter((row) => row.done).length;
-            await sleep(40 + Math.random() * 60);
-          }
-        },
-      );
-      console.log(`terminated ${terminated} backends under ${seen.intents} intents`);
-      expect(terminated).toBeGreaterThan(0);
-    } finally {
-      await admin.end();
-      expect(await desk.stop()).toBe(0);
-    }
-  }, 90_000);
+                [applicationName],
+              );
+              terminated += rows.filter((row) => row.done).length;
+              await sleep(40 + Math.random() * 60);
+            }
+          },
+        );
+        console.log(`terminated ${terminated} backends under ${seen.intents} intents`);
+        expect(terminated).toBeGreaterThan(0);
+      } finally {
+        await admin.end();
+        expect(await desk.stop()).toBe(0);
+      }
+    },
+    90_000,
+  );
 });

@@ -1,0 +1,49 @@
+import { spawn } from 'node:child_process';
+import { describe, expect, it } from 'vitest';
+import { ROOT, startLoanDesk } from './support/loan-desk.js';
+import { flowThroughFault } from './support/loan-flow.js';
+
+/**
+ * The loan desk on SQLite while another process holds the database's write lock past the desk's
+ * busy timeout (5 s), under a steady flow of keyed loans: JSON 503s with Retry-After while it is
+ * held, no hang, no crash, recovery by itself, one loan per intent.
+ */
+
+/** Past the desk's 5 s busy timeout, so that requests give up while it is held. */
+const LOCK_HOLD_MS = 7000;
+
+/** Holds SQLite's write lock from another process for LOCK_HOLD_MS, as a long batch job would. */
+async function holdWriteLock(filename: string): Promise<void> {
+  const script = `const db = require('better-sqlite3')(process.argv[1]);
+    db.exec('BEGIN IMMEDIATE');
+    console.log('locked');
+    setTimeout(() => { db.exec('ROLLBACK'); db.close(); }, Number(process.argv[2]));`;
+  const child = spawn(process.execPath, ['-e', script, filename, String(LOCK_HOLD_MS)], {
+    cwd: ROOT,
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
+  expect(await exited).toBe(0);
+}
+
+describe('loan desk on SQLite while another process holds the write lock', () => {
+  const variants = [
+    { name: 'atomic mode', env: {} },
+    { name: 'lease mode, keys in SQLite', env: { IDEMPOTENCY_MODE: 'lease', IDEMPOTENCY_LEASE: '3s' } },
+  ];
+
+  it.each(variants)(
+    '$name: JSON 503s while locked, recovery, one loan per intent',
+    async ({ name, env }) => {
+      const desk = await startLoanDesk({ env });
+      try {
+        await flowThroughFault(desk, `loan desk on SQLite, ${name}, write lock held`, () =>
+          holdWriteLock(desk.databaseUrl),
+        );
+      } finally {
+        expect(await desk.stop()).toBe(0);
+      }
+    },
+    90_000,
+  );
+});
