@@ -1,7 +1,7 @@
-import { spawn } from 'node:child_process';
 import { describe, expect, it } from 'vitest';
-import { ROOT, startLoanDesk } from './support/loan-desk.js';
+import { startLoanDesk } from './support/loan-desk.js';
 import { flowThroughFault } from './support/loan-flow.js';
+import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
 /**
  * The loan desk on SQLite while another process holds the database's write lock past the desk's
@@ -11,20 +11,6 @@ import { flowThroughFault } from './support/loan-flow.js';
 
 /** Past the desk's 5 s busy timeout, so that requests give up while it is held. */
 const LOCK_HOLD_MS = 7000;
-
-/** Holds SQLite's write lock from another process for LOCK_HOLD_MS, as a long batch job would. */
-async function holdWriteLock(filename: string): Promise<void> {
-  const script = `const db = require('better-sqlite3')(process.argv[1]);
-    db.exec('BEGIN IMMEDIATE');
-    console.log('locked');
-    setTimeout(() => { db.exec('ROLLBACK'); db.close(); }, Number(process.argv[2]));`;
-  const child = spawn(process.execPath, ['-e', script, filename, String(LOCK_HOLD_MS)], {
-    cwd: ROOT,
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  const exited = new Promise<number | null>((resolve) => child.once('exit', resolve));
-  expect(await exited).toBe(0);
-}
 
 describe('loan desk on SQLite while another process holds the write lock', () => {
   const variants = [
@@ -37,9 +23,10 @@ describe('loan desk on SQLite while another process holds the write lock', () =>
     async ({ name, env }) => {
       const desk = await startLoanDesk({ env });
       try {
-        await flowThroughFault(desk, `loan desk on SQLite, ${name}, write lock held`, () =>
-          holdWriteLock(desk.databaseUrl),
-        );
+        await flowThroughFault(desk, `loan desk on SQLite, ${name}, write lock held`, async () => {
+          const { released } = await holdSqliteWriteLock(desk.databaseUrl, LOCK_HOLD_MS);
+          await released;
+        });
       } finally {
         expect(await desk.stop()).toBe(0);
       }

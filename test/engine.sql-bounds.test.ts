@@ -1,4 +1,3 @@
-import { spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -15,6 +14,7 @@ import {
 import { postgresStore } from '../src/stores/postgres.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
 /**
  * `storeTimeout`, `wait` and `concurrency: 'reject'` on the SQL stores, in lease and atomic mode,
@@ -45,23 +45,7 @@ function sqliteBackend(): SqlBackend {
     name: 'SQLite',
     skip: false,
     open: () => sqliteStore({ filename }),
-    // Another process: better-sqlite3 waits for a lock synchronously, which would hold this one's
-    // event loop and so the very timer meant to release the lock.
-    async lockKeyTable() {
-      const script = `const db = require('better-sqlite3')(process.argv[1]);
-        db.exec('BEGIN IMMEDIATE');
-        console.log('locked');
-        setTimeout(() => { db.exec('ROLLBACK'); db.close(); }, Number(process.argv[2]));`;
-      const child = spawn(process.execPath, ['-e', script, filename, String(LOCK_HOLD_MS)], {
-        stdio: ['ignore', 'pipe', 'inherit'],
-      });
-      const released = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-      await new Promise<void>((resolve, reject) => {
-        child.stdout!.once('data', () => resolve());
-        child.once('exit', (code) => reject(new Error(`the SQLite locker exited (${code})`)));
-      });
-      return { released };
-    },
+    lockKeyTable: () => holdSqliteWriteLock(filename, LOCK_HOLD_MS),
     async cleanup() {
       rmSync(dir, { recursive: true, force: true });
     },

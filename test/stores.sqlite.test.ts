@@ -10,6 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/types.js';
 import { type SqliteStore, sqliteStore } from '../src/stores/sqlite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
+import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
 const dirs: string[] = [];
 function tempFile(name = 'store.db'): string {
@@ -268,6 +269,33 @@ describe('sqliteStore across processes', () => {
     expect((await waiter.claim(claimInput)).outcome).toBe('replay');
     await owner.close();
     await waiter.close();
+  }, 15_000);
+
+  // better-sqlite3's busy handler sleeps synchronously: one request waiting for the lock would
+  // stall every other request of the process, reads included, and queue the next lock wait.
+  it("waiting for another process's write lock leaves the event loop free, within busyTimeoutMs", async () => {
+    const file = tempFile();
+    const store = sqliteStore({ filename: file, busyTimeoutMs: 1000 });
+    const { released } = await holdSqliteWriteLock(file, 2500);
+    try {
+      const events: string[] = [];
+      const timer = sleep(50).then(() => events.push('timer'));
+      const calls = [
+        store.claim(input()),
+        store.atomic(input(), async () => ({ response, commit: true })),
+        store.transaction(() => 'written'),
+      ].map((call) =>
+        call.then(
+          () => events.push('answered'),
+          (error: { code?: string }) => events.push(error.code ?? 'error'),
+        ),
+      );
+      await Promise.all([timer, ...calls]);
+      expect(events).toEqual(['timer', 'SQLITE_BUSY', 'SQLITE_BUSY', 'SQLITE_BUSY']);
+    } finally {
+      await released;
+      await store.close();
+    }
   }, 15_000);
 
   it('of 4 processes × 20 concurrent claims of one key, exactly one acquires', async () => {

@@ -38,9 +38,10 @@ export interface SqliteStoreOptions {
    */
   table?: string;
   /**
-   * How long a write waits for another process's write lock before failing with `SQLITE_BUSY`.
-   * better-sqlite3 waits synchronously, blocking this process's event loop meanwhile. Applied to a
-   * passed `database` only when set.
+   * How long a write waits for another process's write lock before failing with `SQLITE_BUSY`
+   * (shortened by a claim's `timeoutMs`). The store's own transactions wait without blocking the
+   * event loop; any other statement on the connection waits synchronously, as better-sqlite3 does.
+   * Applied to a passed `database` only when set.
    * @default 5000
    */
   busyTimeoutMs?: number;
@@ -81,6 +82,13 @@ export interface SqliteStore extends AtomicStore<Database.Database> {
  * during a 200k purge in the benchmark, against ×2 with 50-row batches).
  */
 const SQLITE_PURGE_BATCH_SIZE = 200;
+
+/**
+ * The longest pause between two tries for the write lock held by another process. SQLite's own
+ * busy handler sleeps up to 100 ms between tries; shorter keeps a lock freed by a short
+ * transaction from sitting idle, and a try costs microseconds.
+ */
+const MAX_LOCK_RETRY_MS = 25;
 
 interface RecordRow {
   fingerprint: string;
@@ -294,14 +302,26 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     return existing(row, input, nowMs);
   }
 
-  /** Runs `fn` with the wait for another process's write lock bounded by `timeoutMs` as well. */
-  function withinTimeout<T>(timeoutMs: number | undefined, fn: () => T): T {
-    if (timeoutMs === undefined || timeoutMs >= configuredBusyMs) return fn();
-    db.pragma(`busy_timeout = ${Math.max(1, Math.ceil(timeoutMs))}`);
-    try {
-      return fn();
-    } finally {
-      db.pragma(`busy_timeout = ${configuredBusyMs}`);
+  /** When a call taking the write lock gives up on it: after the busy timeout or `timeoutMs`. */
+  const lockDeadlineMs = (timeoutMs?: number) =>
+    Date.now() + Math.min(configuredBusyMs, timeoutMs ?? Number.POSITIVE_INFINITY);
+
+  /**
+   * Runs `fn`, which takes the write lock, trying again on `SQLITE_BUSY` until `deadlineMs`. The
+   * wait is ours, not better-sqlite3's: its busy handler sleeps synchronously, stalling every
+   * request of this process (reads included) behind one that waits for another process's lock.
+   */
+  async function whenUnlocked<T>(deadlineMs: number, fn: () => T): Promise<T> {
+    for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, MAX_LOCK_RETRY_MS)) {
+      db.pragma('busy_timeout = 0');
+      try {
+        return fn();
+      } catch (error) {
+        if ((error as { code?: string }).code !== 'SQLITE_BUSY' || Date.now() >= deadlineMs) throw error;
+      } finally {
+        db.pragma(`busy_timeout = ${configuredBusyMs}`);
+      }
+      await sleep(Math.max(1, Math.min(pauseMs, deadlineMs - Date.now())));
     }
   }
 
@@ -344,11 +364,13 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     timeoutMs?: number,
   ): Promise<T> {
     const nested = frames.getStore()?.open === true;
+    const deadlineMs = lockDeadlineMs(timeoutMs);
     return exclusive(async () => {
       const savepoint = nested ? `retrysafe_${++savepoints}` : undefined;
       const commitSql = savepoint ? `RELEASE ${savepoint}` : 'COMMIT';
       const rollbackSql = savepoint ? `ROLLBACK TO ${savepoint}; RELEASE ${savepoint}` : 'ROLLBACK';
-      withinTimeout(timeoutMs, () => db.exec(savepoint ? `SAVEPOINT ${savepoint}` : 'BEGIN IMMEDIATE'));
+      if (savepoint) db.exec(`SAVEPOINT ${savepoint}`);
+      else await whenUnlocked(deadlineMs, () => db.exec('BEGIN IMMEDIATE'));
       const frame: Frame = { open: true, queue: new SerialQueue() };
       try {
         const { value, commit } = await frames.run(frame, () => fn(db));
@@ -400,9 +422,9 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
 
   function claim(input: ClaimInput): Promise<ClaimResult> {
     const completed = completedNow(input);
-    return completed
-      ? Promise.resolve(completed)
-      : exclusive(() => withinTimeout(input.timeoutMs, () => claimNow(input)));
+    if (completed) return Promise.resolve(completed);
+    const deadlineMs = lockDeadlineMs(input.timeoutMs);
+    return exclusive(() => whenUnlocked(deadlineMs, () => claimNow(input)));
   }
 
   async function complete(scope: string, key: string, token: string, response: StoredResponse) {
