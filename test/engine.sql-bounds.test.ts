@@ -101,6 +101,7 @@ function request(key: string): IncomingRequest {
     path: '/loans',
     keyHeader: key,
     contentType: 'application/json',
+    authorization: undefined,
     readBody: async () => Buffer.from('{"member":"U-1001","isbn":"K-01"}'),
     raw: {},
   };
