@@ -300,20 +300,6 @@ describe('engine outcomes', () => {
     expect(handler.runs).toBe(2);
   });
 
-  it('lets a retry take over once the lease of a stuck owner has passed', async () => {
-    const idem = engine({ lease: 30, wait: '2s' });
-    const stuck = deferred();
-    void idem.handle(request('k'), async () => {
-      await stuck.promise;
-      return counter().run();
-    });
-    await sleep(5);
-    const retry = counter();
-    expect((await idem.handle(request('k'), retry.run)).kind).toBe('executed');
-    expect(retry.runs).toBe(1);
-    stuck.resolve();
-  });
-
   it('answers 503 and never runs the handler when the store fails or hangs', async () => {
     const failing: IdempotencyStore = {
       ...memoryStore(),
@@ -477,6 +463,28 @@ describe('engine options', () => {
 
   it('requires a store', () => {
     expect(() => createIdempotency({} as IdempotencyOptions)).toThrow('`store`');
+  });
+
+  it('refuses a store without renew in lease mode, naming it', () => {
+    const { renew: _, ...withoutRenew } = memoryStore();
+    expect(() => engine({ store: withoutRenew as IdempotencyStore })).toThrow(ConfigError);
+    expect(() => engine({ store: withoutRenew as IdempotencyStore })).toThrow('`renew`');
+  });
+
+  it('claims with a 10 s lease by default', async () => {
+    const inner = memoryStore();
+    const leases: number[] = [];
+    const idem = engine({
+      store: {
+        ...inner,
+        claim: (input) => {
+          leases.push(input.leaseMs);
+          return inner.claim(input);
+        },
+      },
+    });
+    await idem.handle(request('k'), counter().run);
+    expect(leases).toEqual([10_000]);
   });
 
   it('accepts durations as numbers of ms or strings', () => {

@@ -8,6 +8,7 @@ import { credentialScope } from './scope.js';
 import {
   type AtomicStore,
   type ClaimInput,
+  type ClaimResult,
   type IdempotencyStore,
   isAtomicStore,
   type StoredResponse,
@@ -60,7 +61,14 @@ export interface IdempotencyOptions<Req = unknown> {
   methods?: readonly string[];
   /** Retention: how long a key replays its response; after that it names a new operation. @default '24h' */
   ttl?: Duration;
-  /** How long a claimer owns an in-progress key before a retry may take it over. @default '30s' */
+  /**
+   * How long a claim lasts unless renewed. A running handler renews its claim every third of the
+   * lease, so this bounds how long a crashed process keeps a key (a retry then runs again), not
+   * how long a handler may take. 10 s leaves room for a renewal to fail or stall a whole
+   * `storeTimeout` and be sent again before the claim runs out, while a crash delays the retry by
+   * seconds only.
+   * @default '10s'
+   */
   lease?: Duration;
   /** `wait`: a duplicate of an in-progress request waits for it; `reject`: 409 at once. @default 'wait' */
   concurrency?: 'wait' | 'reject';
@@ -207,6 +215,71 @@ function deadlineGuard(timeoutMs: number, message: string) {
     });
   };
 }
+interface HeldLease {
+  scope: string;
+  key: string;
+  token: string;
+  renewAtMs: number;
+}
+
+/**
+ * Renews the leases of running handlers, so a live handler never loses its claim and a crashed
+ * one (whose renewals die with it) frees its key within one lease. One unref'd timer serves every
+ * held lease (armed only while leases are held), as in `deadlineGuard`. Each lease is renewed
+ * every third of its length, whether or not the previous renewal has answered, so a renewal lost
+ * or stuck on a slow store is followed by another before the lease runs out. A renewal answered
+ * `false` means the lease was lost (another request took the key over): it is renewed no more.
+ */
+function leaseKeeper(store: IdempotencyStore, leaseMs: number) {
+  const renewEveryMs = Math.max(1, Math.floor(leaseMs / 3));
+  const held = new Set<HeldLease>();
+  let ticker: NodeJS.Timeout | undefined;
+  const tick = () => {
+    const now = Date.now();
+    for (const lease of held) {
+      if (lease.renewAtMs > now) continue;
+      lease.renewAtMs = now + renewEveryMs;
+      // A failed renewal is simply sent again when the next one is due.
+      Promise.resolve()
+        .then(() => store.renew(lease.scope, lease.key, lease.token, leaseMs))
+        .then(
+          (renewed) => {
+            if (!renewed) held.delete(lease);
+          },
+          () => undefined,
+        );
+    }
+    if (held.size === 0) {
+      clearInterval(ticker);
+      ticker = undefined;
+    }
+  };
+  return {
+    hold(scope: string, key: string, token: string): HeldLease {
+      const lease = { scope, key, token, renewAtMs: Date.now() + renewEveryMs };
+      held.add(lease);
+      if (!ticker) {
+        ticker = setInterval(tick, Math.max(1, Math.floor(renewEveryMs / 4)));
+        ticker.unref();
+      }
+      return lease;
+    },
+    drop(lease: HeldLease): void {
+      held.delete(lease);
+    },
+  };
+}
+
+/**
+ * A handler finished after another request took its key over, so the work may have run twice.
+ * A log line until the engine has an event hook.
+ */
+function reportLostLease(storeName: string, key: string, step: 'complete' | 'release'): void {
+  console.warn(
+    `retrysafe: the lease on Idempotency-Key ${JSON.stringify(key)} (${storeName} store) was lost while its handler ran; another request took the key over, so its ${step} was refused and the handler may have run twice`,
+  );
+}
+
 // A duplicate polls no slower than this while it waits, so a missed notification costs little.
 const MAX_WAIT_SLICE_MS = 1000;
 
@@ -246,10 +319,15 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       `retrysafe: option \`mode: 'atomic'\` needs a store with transactions; ${store.name} has none`,
     );
   }
+  if (mode === 'lease' && typeof store.renew !== 'function') {
+    throw new ConfigError(
+      `retrysafe: ${store.name} store has no \`renew\`, which lease mode needs to keep running handlers' claims`,
+    );
+  }
   const concurrency = oneOf('concurrency', options.concurrency, ['wait', 'reject']);
   const profile = oneOf('profile', options.profile, ['default', 'ietf']);
   const ttlMs = toMs('ttl', options.ttl ?? '24h', { min: 1 });
-  const leaseMs = toMs('lease', options.lease ?? '30s', { min: 1 });
+  const leaseMs = toMs('lease', options.lease ?? '10s', { min: 1 });
   if (leaseMs > ttlMs) throw new ConfigError('retrysafe: option `lease` must not exceed `ttl`');
   const waitMs = toMs('wait', options.wait ?? '10s');
   const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });
@@ -362,28 +440,76 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     };
   }
 
+  const leases = leaseKeeper(store, leaseMs);
+
+  async function release(claim: ClaimInput, token: string): Promise<void> {
+    const released = await guard(store.release(claim.scope, claim.key, token)).catch(() => undefined);
+    if (released === false) reportLostLease(store.name, claim.key, 'release');
+  }
+
   async function runLeased(
     claim: ClaimInput,
     token: string,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
   ): Promise<Outcome> {
+    const lease = leases.hold(claim.scope, claim.key, token);
     let response: CapturedResponse;
     try {
       response = await run(context(claim, undefined));
     } catch (error) {
+      leases.drop(lease);
       // The handler failed: free the key so the client's retry runs again, then let the
       // framework answer the error as it would without us.
-      await guard(store.release(claim.scope, claim.key, token)).catch(() => undefined);
+      await release(claim, token);
       throw error;
     }
+    leases.drop(lease);
     if (response.complete && storeStatus(response.status)) {
+      const stored = toStored(response);
       // A failed save leaves the record in progress until its lease passes: retries wait or get
       // 409 rather than running the work a second time while this response is on its way.
-      await guard(store.complete(claim.scope, claim.key, token, toStored(response))).catch(() => undefined);
+      const saved = await guard(store.complete(claim.scope, claim.key, token, stored)).catch(() => undefined);
+      if (saved === false) return answerLate(claim, response, stored);
     } else {
-      await guard(store.release(claim.scope, claim.key, token)).catch(() => undefined);
+      await release(claim, token);
     }
     return { kind: 'executed', response };
+  }
+
+  /**
+   * The handler finished after another request took its key over, so its response was not saved
+   * and must not be sent as if it were: the client gets the answer saved for the key when there
+   * is one, else 409 + Retry-After.
+   */
+  async function answerLate(
+    claim: ClaimInput,
+    response: CapturedResponse,
+    stored: StoredResponse,
+  ): Promise<Outcome> {
+    reportLostLease(store.name, claim.key, 'complete');
+    const busy: Outcome = { kind: 'rejected', error: inProgress(claim.key, leaseMs) };
+    let result: ClaimResult;
+    try {
+      result = await guard(store.claim(claim));
+    } catch {
+      return busy;
+    }
+    switch (result.outcome) {
+      case 'replay':
+        return replayOrError(result.response, claim.key);
+      case 'mismatch':
+        return { kind: 'rejected', error: conflict(claim.key) };
+      case 'in_progress':
+        return { kind: 'rejected', error: inProgress(claim.key, result.retryAfterMs) };
+      case 'acquired': {
+        // Nothing was saved (the request that took over failed, or retention passed): this
+        // response is what the work produced, so it is saved now and then sent.
+        const saved = await guard(store.complete(claim.scope, claim.key, result.token, stored)).catch(
+          () => false,
+        );
+        return saved ? { kind: 'executed', response } : busy;
+      }
+    }
   }
 
   async function runAtomic(

@@ -99,6 +99,12 @@ export interface IdempotencyStore {
   /** Deletes the in-progress record so a retry runs again; `false` when `token` no longer owns it. */
   release(scope: string, key: string, token: string): Promise<boolean>;
   /**
+   * Extends the owner's lease to `leaseMs` from now (and the record's retention with it, should the
+   * lease outlive it), so a handler that runs long keeps its claim. `false` (and nothing written)
+   * when `token` no longer owns an in-progress record: the lease was lost.
+   */
+  renew(scope: string, key: string, token: string, leaseMs: number): Promise<boolean>;
+  /**
    * Resolves once the record is no longer in progress (completed, released, expired, lease passed)
    * or `timeoutMs` has passed, whichever comes first. Never rejects on timeout.
    */

@@ -166,6 +166,15 @@ export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore 
     return true;
   }
 
+  async function renew(scope: string, key: string, token: string, leaseMs: number) {
+    const record = owned(recordId(scope, key), token);
+    if (!record) return false;
+    const nowMs = Date.now();
+    record.leaseUntilMs = nowMs + leaseMs;
+    record.expiresAtMs = Math.max(record.expiresAtMs, record.leaseUntilMs);
+    return true;
+  }
+
   async function wait(scope: string, key: string, timeoutMs: number) {
     const id = recordId(scope, key);
     const deadlineMs = Date.now() + timeoutMs;
@@ -248,6 +257,7 @@ export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore 
     claim,
     complete,
     release,
+    renew,
     wait,
     purgeExpired,
     list,

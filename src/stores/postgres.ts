@@ -274,6 +274,14 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         RETURNING 1)
       SELECT pg_notify($3, $4) FROM gone`,
   };
+  // Retention grows with the lease when the lease would outlive it, as at the claim.
+  const RENEW = {
+    name: `retrysafe_renew_${tag}`,
+    text: `WITH n AS (SELECT ${NOW_MS} AS ms)
+      UPDATE ${qualified} SET lease_until_ms = n.ms + $4, expires_at_ms = GREATEST(expires_at_ms, n.ms + $4)
+      FROM n
+      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms`,
+  };
   // SKIP LOCKED: rows a claim is taking over right now are left for the next purge.
   const PURGE = {
     name: `retrysafe_purge_${tag}`,
@@ -419,6 +427,11 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         ...RELEASE,
         values: [scope, key, token, channel, notifyId(scope, key)],
       });
+      return rowCount === 1;
+    },
+
+    async renew(scope, key, token, leaseMs) {
+      const { rowCount } = await pool.query({ ...RENEW, values: [scope, key, token, leaseMs] });
       return rowCount === 1;
     },
 

@@ -71,6 +71,15 @@ redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], KEYS[1])
 return 1`;
 
+// KEYS[1] record; ARGV token, leaseMs. The key's TTL grows with the lease should the lease outlive it.
+const RENEW_LUA = `local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
+if rec[1] ~= ARGV[1] or rec[2] ~= 'in_progress' then return 0 end
+${MS_NOW}
+local lease = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lease_until_ms', string.format('%d', now + lease))
+if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], lease) end
+return 1`;
+
 // KEYS[1] record. Ms left on a live lease, or -1 when the record is not in progress.
 const LEASE_LEFT_LUA = `local rec = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
 if rec[1] ~= 'in_progress' then return -1 end
@@ -104,6 +113,7 @@ interface RetrysafeCommands {
   retrysafeClaimBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
   retrysafeComplete(key: string, ...args: (string | number | Buffer)[]): Promise<number>;
   retrysafeRelease(key: string, ...args: string[]): Promise<number>;
+  retrysafeRenew(key: string, token: string, leaseMs: number): Promise<number>;
   retrysafeLeaseLeft(key: string): Promise<number>;
   retrysafeSummaries(numberOfKeys: number, ...keys: string[]): Promise<SummaryReply>;
   retrysafeDelete(key: string, channel: string): Promise<number>;
@@ -202,6 +212,7 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
   client.defineCommand('retrysafeClaim', { numberOfKeys: 1, lua: CLAIM_LUA });
   client.defineCommand('retrysafeComplete', { numberOfKeys: 1, lua: COMPLETE_LUA });
   client.defineCommand('retrysafeRelease', { numberOfKeys: 1, lua: RELEASE_LUA });
+  client.defineCommand('retrysafeRenew', { numberOfKeys: 1, lua: RENEW_LUA });
   client.defineCommand('retrysafeLeaseLeft', { numberOfKeys: 1, lua: LEASE_LEFT_LUA, readOnly: true });
   client.defineCommand('retrysafeSummaries', { lua: SUMMARIES_LUA, readOnly: true });
   client.defineCommand('retrysafeDelete', { numberOfKeys: 1, lua: DELETE_LUA });
@@ -300,6 +311,11 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
     async release(scope, key, token) {
       await connected();
       return (await commands.retrysafeRelease(redisKey(scope, key), token, channel)) === 1;
+    },
+
+    async renew(scope, key, token, leaseMs) {
+      await connected();
+      return (await commands.retrysafeRenew(redisKey(scope, key), token, leaseMs)) === 1;
     },
 
     async wait(scope, key, timeoutMs) {

@@ -230,6 +230,11 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     DELETE FROM ${t}
     WHERE scope = @scope AND key = @key AND token = @token
       AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
+  // Retention grows with the lease when the lease would outlive it (see expiresAtMs).
+  const renewStatement = db.prepare(`
+    UPDATE ${t} SET lease_until_ms = @leaseUntilMs, expires_at_ms = max(expires_at_ms, @leaseUntilMs)
+    WHERE scope = @scope AND key = @key AND token = @token
+      AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
   // A record never expires before its lease passes (see expiresAtMs), so this spares live leases.
   const purgeStatement = db.prepare(`
     DELETE FROM ${t} WHERE rowid IN (
@@ -441,6 +446,13 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     return done;
   }
 
+  function renew(scope: string, key: string, token: string, leaseMs: number) {
+    return exclusive(() => {
+      const nowMs = Date.now();
+      return renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1;
+    });
+  }
+
   async function wait(scope: string, key: string, timeoutMs: number) {
     const id = recordId(scope, key);
     const deadlineMs = Date.now() + timeoutMs;
@@ -510,6 +522,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     claim,
     complete,
     release,
+    renew,
     wait,
     purgeExpired,
     list,

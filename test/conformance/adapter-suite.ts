@@ -356,6 +356,7 @@ function brokenStore(kind: 'failing' | 'hanging'): IdempotencyStore {
     claim: fail,
     complete: fail,
     release: fail,
+    renew: fail,
     wait: fail,
     purgeExpired: fail,
     list: fail,

@@ -14,6 +14,7 @@ import {
   MAX_LIST_LIMIT,
   type StoredResponse,
 } from '../../src/core/types.js';
+import { describeLeaseRenewal } from './lease-suite.js';
 
 /**
  * The application's own writes, as seen by the atomic-mode tests: the suite cannot know an app's
@@ -272,6 +273,65 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expectReplay(await store.claim(input), sampleResponse('late'));
       });
     });
+
+    describe('renew', () => {
+      it('extends the lease of its owner: a competing claim stays in progress past the old lease', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const token = await acquire(input);
+        expect(await store.renew(input.scope, input.key, token, 60_000)).toBe(true);
+        await sleep(SHORT_MS * 2);
+        expect((await store.claim(input)).outcome).toBe('in_progress');
+        expect(await store.renew(input.scope, input.key, token, SHORT_MS)).toBe(true);
+        await sleep(SHORT_MS * 2);
+        const next = await acquire(input);
+        expect(next).not.toBe(token);
+      });
+
+      it('a lease renewed past retention keeps the record in progress; purge spares it', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
+        const token = await acquire(input);
+        expect(await store.renew(input.scope, input.key, token, 60_000)).toBe(true);
+        await sleep(SHORT_MS * 2);
+        expect((await store.claim(input)).outcome).toBe('in_progress');
+        await store.purgeExpired();
+        expect((await store.claim(input)).outcome).toBe('in_progress');
+        expect(await store.complete(input.scope, input.key, token, sampleResponse())).toBe(true);
+        expectReplay(await store.claim(input), sampleResponse());
+      });
+
+      it('with a stale or wrong token answers false and changes nothing', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const oldToken = await acquire(input);
+        expect(await store.renew(input.scope, input.key, `${oldToken}-not`, 60_000)).toBe(false);
+        await sleep(SHORT_MS * 2);
+        const newToken = await acquire(input);
+        expect(await store.renew(input.scope, input.key, oldToken, 60_000)).toBe(false);
+        await expectInProgress(input);
+        await sleep(SHORT_MS * 2);
+        await acquire(input);
+        expect(await store.complete(input.scope, input.key, newToken, sampleResponse())).toBe(false);
+      });
+
+      it('after completion or release, and of an absent key, answers false', async () => {
+        const completed = fresh();
+        const token = await acquire(completed);
+        expect(await store.complete(completed.scope, completed.key, token, sampleResponse())).toBe(true);
+        expect(await store.renew(completed.scope, completed.key, token, 60_000)).toBe(false);
+        expectReplay(await store.claim(completed), sampleResponse());
+
+        const released = fresh();
+        const releasedToken = await acquire(released);
+        expect(await store.release(released.scope, released.key, releasedToken)).toBe(true);
+        expect(await store.renew(released.scope, released.key, releasedToken, 60_000)).toBe(false);
+        await acquire(released);
+
+        const absent = fresh();
+        expect(await store.renew(absent.scope, absent.key, 'token', 60_000)).toBe(false);
+        await acquire(absent);
+      });
+    });
+
+    describeLeaseRenewal(() => store);
 
     describe('wait', () => {
       // Far beyond the test timeout: a wait that only returns at its timeout fails the test.
