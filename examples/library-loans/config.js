@@ -11,7 +11,7 @@ import ms from 'ms';
  * IDEMPOTENCY_MODE           atomic (default with keys in the database) or lease
  * IDEMPOTENCY_REQUIRED       true: POST /loans without a key is 400 (default false: a new loan each time)
  * IDEMPOTENCY_TTL            how long a key replays its response (24h; e.g. 7d, 2s)
- * IDEMPOTENCY_LEASE          how long a claimed key is owned before a retry may take it over (30s)
+ * IDEMPOTENCY_LEASE          how long a claim lasts unless its running handler renews it (10s)
  * IDEMPOTENCY_WAIT           how long a duplicate waits for an in-progress original before 409 (10s)
  * IDEMPOTENCY_ENCRYPTION_KEY base64 32-byte keys, comma-separated, current first: stored answers are
  *                            encrypted with the first and read with any (none: stored in clear)
@@ -100,7 +100,7 @@ export function readConfig(env = process.env) {
     required: required === 'true',
     ttlMs,
     // The engine refuses a lease longer than retention; a short TTL (tests) shortens the lease too.
-    leaseMs: Math.min(duration('IDEMPOTENCY_LEASE', '30s'), ttlMs),
+    leaseMs: Math.min(duration('IDEMPOTENCY_LEASE', '10s'), ttlMs),
     waitMs: duration('IDEMPOTENCY_WAIT', '10s', 0),
     encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
