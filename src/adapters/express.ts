@@ -84,7 +84,7 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
         return next();
       case 'executed':
       case 'replayed':
-        return sendAnswer(res, outcome);
+        return sendAnswer(res, outcome, before);
       case 'rejected':
         // Atomic mode could not commit what the handler answered: none of it may reach the client.
         if (before) resetHeaders(res, before);

@@ -216,13 +216,14 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
         complete: captured.complete,
       });
       const outcome = await waiting.outcome;
-      if (outcome.kind !== 'rejected') return captured.payload;
-      // Atomic mode could not commit (or the response was too large to): nothing of the
-      // handler's response may reach the client, its headers included.
+      if (outcome.kind !== 'rejected' && outcome.kind !== 'replayed') return captured.payload;
+      // Atomic mode could not commit (or the response was too large to), or the handler's lease
+      // was lost and another answer was saved: nothing of the handler's response may reach the
+      // client, its headers included.
       for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
-      const rendered = engine.render(outcome.error);
-      reply.code(rendered.status).headers(rendered.headers);
-      return Buffer.from(rendered.body);
+      const answer = outcome.kind === 'replayed' ? outcome.response : engine.render(outcome.error);
+      reply.code(answer.status).headers(answer.headers);
+      return Buffer.from(answer.body);
     },
 
     onError: async function retrysafeOnError(request, _reply, error) {

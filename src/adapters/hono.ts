@@ -77,6 +77,13 @@ export function idempotency<Tx = unknown>(
         c.res = sent;
         return;
       case 'replayed':
+        // After a handler whose lease was lost, Hono would keep its response (and merge its
+        // headers into ours): drop it first.
+        if (sent !== undefined) {
+          c.res = undefined;
+          c.res = toResponse(outcome.response);
+          return;
+        }
         return toResponse(outcome.response);
       case 'rejected': {
         // After the handler ran (atomic mode could not commit), none of its headers may leak

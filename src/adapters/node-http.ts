@@ -125,12 +125,20 @@ function drain(req: IncomingMessage): Promise<void> {
   });
 }
 
-/** Sends the response of a handler that ran (unless it was streamed already) or of a replay. */
+/**
+ * Sends the response of a handler that ran (unless it was streamed already) or of a replay.
+ * `before`: the headers `res` had before the handler ran, when it ran.
+ */
 export function sendAnswer(
   res: ServerResponse,
   outcome: Extract<Outcome, { kind: 'executed' | 'replayed' }>,
+  before: OutgoingHttpHeaders | undefined,
 ): void {
-  if (outcome.kind === 'replayed') send(res, outcome.response);
+  if (outcome.kind === 'replayed') {
+    // A handler whose lease was lost is answered with the saved response: none of its own headers.
+    if (before) resetHeaders(res, before);
+    send(res, outcome.response);
+  }
   // The captured headers are still set on `res`; only status and body were held back.
   else if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
 }

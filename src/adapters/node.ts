@@ -75,7 +75,7 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
             return;
           case 'executed':
           case 'replayed':
-            return sendAnswer(res, outcome);
+            return sendAnswer(res, outcome, before);
           case 'rejected':
             // Atomic mode could not commit what the handler answered: none of it may reach the client.
             if (before) resetHeaders(res, before);

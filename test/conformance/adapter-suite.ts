@@ -9,9 +9,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { Redis } from 'ioredis';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/engine.js';
-import { type IdempotencyStore, isAtomicStore } from '../../src/core/types.js';
+import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/types.js';
 import { memoryStore } from '../../src/stores/memory.js';
 import { postgresStore } from '../../src/stores/postgres.js';
 import { redisStore } from '../../src/stores/redis.js';
@@ -640,6 +640,52 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expectReplayOf(await send(app, 'POST', '/slow?ms=500', { key, body: { a: 1 } }), await first);
             expect(app.calls['POST /slow']).toBe(1);
           }));
+
+        it("a handler whose lease was lost: its client gets the answer saved meanwhile, none of the handler's", async () => {
+          const reports = vi.spyOn(console, 'warn').mockImplementation(() => undefined);
+          // Renewals fail, as with the store unreachable for a whole lease; claims are recorded so
+          // the test can take the key over with the engine's own claim.
+          const claims: ClaimInput[] = [];
+          const losing = new Proxy(store, {
+            get: (target, property, receiver) => {
+              if (property === 'renew') return async () => false;
+              if (property === 'claim') {
+                return (input: ClaimInput) => {
+                  claims.push(input);
+                  return target.claim(input);
+                };
+              }
+              return Reflect.get(target, property, receiver);
+            },
+          });
+          try {
+            await withApp({ store: losing, lease: 200 }, async (app) => {
+              const key = newKey();
+              const late = send(app, 'POST', '/slow?ms=800', { key, body: { a: 1 } });
+              await until(() => app.calls['POST /slow'] === 1, 'the first request to reach the handler');
+              await sleep(400);
+              const taken = await store.claim({ ...claims[0]!, leaseMs: 60_000 });
+              if (taken.outcome !== 'acquired')
+                throw new Error(`expected to take over, got ${taken.outcome}`);
+              const winner = {
+                status: 201,
+                headers: { 'content-type': 'application/json', location: '/orders/winner' },
+                body: Buffer.from('{"winner":true}'),
+              };
+              expect(await store.complete(claims[0]!.scope, key, taken.token, winner)).toBe(true);
+              const reply = await late;
+              expect(reply.status).toBe(201);
+              expect(reply.json()).toEqual({ winner: true });
+              expect(reply.headers.get('idempotency-replayed')).toBe('true');
+              expect(reply.headers.get('location')).toBe('/orders/winner');
+              for (const name of ['set-cookie', 'x-trace', 'etag'])
+                expect(reply.headers.get(name), name).toBeNull();
+              expect(reports).toHaveBeenCalledTimes(1);
+            });
+          } finally {
+            reports.mockRestore();
+          }
+        });
 
         for (const path of adapter.throwPaths) {
           it(`handler failing (${path}): the key is released and the retry runs`, () =>
