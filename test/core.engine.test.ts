@@ -300,6 +300,33 @@ describe('engine outcomes', () => {
     expect(handler.runs).toBe(2);
   });
 
+  it("renews a running handler's claim, and stops once the handler answers or throws", async () => {
+    const inner = memoryStore();
+    const renewed: string[] = [];
+    const idem = engine({
+      lease: 90,
+      store: {
+        ...inner,
+        renew: (scope, key, token, leaseMs) => {
+          renewed.push(key);
+          return inner.renew(scope, key, token, leaseMs);
+        },
+      },
+    });
+    const slow = (fail: boolean) => async () => {
+      await sleep(300);
+      if (fail) throw new Error('handler failed');
+      return counter().run();
+    };
+    expect((await idem.handle(request('answers'), slow(false))).kind).toBe('executed');
+    await expect(idem.handle(request('throws'), slow(true))).rejects.toThrow('handler failed');
+    expect(renewed.filter((key) => key === 'answers').length).toBeGreaterThanOrEqual(2);
+    expect(renewed.filter((key) => key === 'throws').length).toBeGreaterThanOrEqual(2);
+    const sent = renewed.length;
+    await sleep(200);
+    expect(renewed).toHaveLength(sent);
+  });
+
   it('answers 503 and never runs the handler when the store fails or hangs', async () => {
     const failing: IdempotencyStore = {
       ...memoryStore(),

@@ -64,9 +64,9 @@ export interface IdempotencyOptions<Req = unknown> {
   /**
    * How long a claim lasts unless renewed. A running handler renews its claim every third of the
    * lease, so this bounds how long a crashed process keeps a key (a retry then runs again), not
-   * how long a handler may take. 10 s leaves room for a renewal to fail or stall a whole
-   * `storeTimeout` and be sent again before the claim runs out, while a crash delays the retry by
-   * seconds only.
+   * how long a handler may take. At 10 s a renewal goes out every 3.3 s, so one that fails or
+   * stalls is followed by two more before the claim runs out, while a crash holds the key for
+   * 10 s at most.
    * @default '10s'
    */
   lease?: Duration;
@@ -215,6 +215,7 @@ function deadlineGuard(timeoutMs: number, message: string) {
     });
   };
 }
+
 interface HeldLease {
   scope: string;
   key: string;
@@ -479,7 +480,8 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   /**
    * The handler finished after another request took its key over, so its response was not saved
    * and must not be sent as if it were: the client gets the answer saved for the key when there
-   * is one, else 409 + Retry-After.
+   * is one, 409 + Retry-After while the other request runs, and this response only once it is
+   * saved (when nothing else was).
    */
   async function answerLate(
     claim: ClaimInput,
@@ -487,12 +489,12 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     stored: StoredResponse,
   ): Promise<Outcome> {
     reportLostLease(store.name, claim.key, 'complete');
-    const busy: Outcome = { kind: 'rejected', error: inProgress(claim.key, leaseMs) };
+    const busy = (): Outcome => ({ kind: 'rejected', error: inProgress(claim.key, leaseMs) });
     let result: ClaimResult;
     try {
       result = await guard(store.claim(claim));
     } catch {
-      return busy;
+      return busy();
     }
     switch (result.outcome) {
       case 'replay':
@@ -507,7 +509,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         const saved = await guard(store.complete(claim.scope, claim.key, result.token, stored)).catch(
           () => false,
         );
-        return saved ? { kind: 'executed', response } : busy;
+        return saved ? { kind: 'executed', response } : busy();
       }
     }
   }
