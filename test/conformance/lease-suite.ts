@@ -65,6 +65,7 @@ export function describeLeaseRenewal(storeOf: () => IdempotencyStore): void {
         path: '/loans',
         keyHeader: key,
         contentType: 'application/json',
+        authorization: undefined,
         readBody: async () => Buffer.from('{"member":"U-1001","isbn":"K-02"}'),
         raw: { scope },
       };
