@@ -276,11 +276,15 @@ describe('sqliteStore across processes', () => {
   it("waiting for another process's write lock leaves the event loop free, within busyTimeoutMs", async () => {
     const file = tempFile();
     const store = sqliteStore({ filename: file, busyTimeoutMs: 1000 });
+    const held = input();
+    const claimed = await store.claim(held);
+    if (claimed.outcome !== 'acquired') throw new Error(`expected acquired, got ${claimed.outcome}`);
     const { released } = await holdSqliteWriteLock(file, 2500);
     try {
       const events: string[] = [];
       const timer = sleep(50).then(() => events.push('timer'));
       const calls = [
+        store.renew(held.scope, held.key, claimed.token, 30_000),
         store.claim(input()),
         store.atomic(input(), async () => ({ response, commit: true })),
         store.transaction(() => 'written'),
@@ -291,7 +295,7 @@ describe('sqliteStore across processes', () => {
         ),
       );
       await Promise.all([timer, ...calls]);
-      expect(events).toEqual(['timer', 'SQLITE_BUSY', 'SQLITE_BUSY', 'SQLITE_BUSY']);
+      expect(events).toEqual(['timer', 'SQLITE_BUSY', 'SQLITE_BUSY', 'SQLITE_BUSY', 'SQLITE_BUSY']);
     } finally {
       await released;
       await store.close();

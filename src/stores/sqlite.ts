@@ -446,11 +446,15 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     return done;
   }
 
+  // Like a claim, a renewal waits for another process's lock without stalling the event loop.
   function renew(scope: string, key: string, token: string, leaseMs: number) {
-    return exclusive(() => {
-      const nowMs = Date.now();
-      return renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1;
-    });
+    const deadlineMs = lockDeadlineMs();
+    return exclusive(() =>
+      whenUnlocked(deadlineMs, () => {
+        const nowMs = Date.now();
+        return renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1;
+      }),
+    );
   }
 
   async function wait(scope: string, key: string, timeoutMs: number) {
