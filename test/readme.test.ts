@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
 
 describe('README quick starts', () => {
-  it.each(['express', 'fastify', 'hono', 'node'])('shows examples/%s/app.js verbatim', (framework) => {
+  it.each(['express', 'fastify', 'hono', 'koa', 'node'])('shows examples/%s/app.js verbatim', (framework) => {
     const source = readFileSync(
       new URL(`../examples/${framework}/app.js`, import.meta.url),
       'utf8',

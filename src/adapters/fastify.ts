@@ -1,4 +1,4 @@
-import { Readable, Transform } from 'node:stream';
+import { Transform } from 'node:stream';
 import type {
   FastifyInstance,
   FastifyPluginCallback,
@@ -13,7 +13,6 @@ import {
   type CapturedResponse,
   ConfigError,
   createIdempotency,
-  type Idempotency,
   type IdempotencyContext,
   type IdempotencyError,
   type IdempotencyOptions,
@@ -21,6 +20,7 @@ import {
   type StoredResponse,
 } from '../core/index.js';
 import { closeAfterDrain } from './node-http.js';
+import { captureBody, headersOf } from './payload.js';
 
 export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest> {
   /**
@@ -240,66 +240,4 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
 
 function sendStored(reply: FastifyReply, response: StoredResponse): FastifyReply {
   return reply.code(response.status).headers(response.headers).send(Buffer.from(response.body));
-}
-
-function headersOf(headers: Record<string, unknown>): Record<string, string> {
-  const flat: Record<string, string> = {};
-  for (const [name, value] of Object.entries(headers)) {
-    if (value !== undefined) flat[name] = Array.isArray(value) ? value.join(', ') : String(value);
-  }
-  return flat;
-}
-
-/**
- * The bytes of an onSend payload. A stream is read up to `maxResponseBytes`; past that (for any
- * payload), lease mode sends it on unsaved — what was read, then the rest of the stream — and
- * atomic mode drops it (the engine rolls back and answers 500).
- */
-async function captureBody(
-  engine: Idempotency<FastifyRequest, unknown>,
-  payload: unknown,
-): Promise<{ body: Uint8Array; complete: boolean; payload: unknown }> {
-  if (payload === undefined || payload === null) return { body: new Uint8Array(0), complete: true, payload };
-  if (typeof payload === 'string' || payload instanceof Uint8Array) {
-    const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
-    if (body.byteLength <= engine.maxResponseBytes) return { body, complete: true, payload };
-    return {
-      body: new Uint8Array(0),
-      complete: false,
-      payload: engine.mode === 'atomic' ? undefined : payload,
-    };
-  }
-  if (!(payload instanceof Readable)) {
-    throw new TypeError('retrysafe: onSend payload is neither string, Buffer nor stream');
-  }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  const iterator = payload[Symbol.asyncIterator]();
-  for (;;) {
-    const next = await iterator.next();
-    if (next.done) {
-      const body = Buffer.concat(chunks);
-      return { body, complete: true, payload: body };
-    }
-    const chunk = Buffer.isBuffer(next.value) ? next.value : Buffer.from(next.value);
-    size += chunk.length;
-    chunks.push(chunk);
-    if (size > engine.maxResponseBytes) break;
-  }
-  if (engine.mode === 'atomic') {
-    payload.destroy();
-    return { body: new Uint8Array(0), complete: false, payload: undefined };
-  }
-  const rest = Readable.from(
-    (async function* streamThrough() {
-      yield* chunks;
-      for (;;) {
-        const next = await iterator.next();
-        if (next.done) return;
-        yield next.value;
-      }
-    })(),
-    { objectMode: false },
-  );
-  return { body: new Uint8Array(0), complete: false, payload: rest };
 }

@@ -1,0 +1,157 @@
+import type { OutgoingHttpHeaders } from 'node:http';
+import { Readable } from 'node:stream';
+import type { Context, Middleware } from 'koa';
+import {
+  ConfigError,
+  createIdempotency,
+  ErrorCode,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '../core/index.js';
+import { BODY_TOO_LARGE, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
+import { captureBody, headersOf } from './payload.js';
+
+export interface KoaIdempotencyOptions extends IdempotencyOptions<Context> {
+  /**
+   * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in
+   * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering).
+   * `false`: they are thrown to the middlewares upstream and Koa's `app.on('error')`/`ctx.onerror`;
+   * the error is an `IdempotencyError` with `status`, `code`, `headers` (e.g. `retry-after`)
+   * and `key`.
+   * @default true
+   */
+  renderErrors?: boolean;
+}
+
+/** The state the middleware sets: `ctx.state.idempotency`. */
+export interface IdempotencyState {
+  /** Set on requests guarded by an Idempotency-Key; `undefined` otherwise. */
+  idempotency: IdempotencyContext | undefined;
+}
+
+// These statuses carry no body; Koa strips whatever ctx.body holds.
+const EMPTY_STATUS = new Set([204, 205, 304]);
+
+/**
+ * Koa 2 and 3 middleware guarding POST/PATCH requests with Idempotency-Key. Mount it after
+ * `@koa/bodyparser` (the fingerprint uses `ctx.request.rawBody`, or the parsed body) or without
+ * one: the middleware then reads the raw body itself (413 past `maxBodyBytes`) and leaves it in
+ * `ctx.request.body` as a Buffer. Downstream middleware finds `ctx.state.idempotency`; the
+ * `ctx.body` it leaves (object, string, Buffer, stream, and on Koa 3 Blob, ReadableStream or
+ * Response) is captured with `ctx.status` and the response headers, saved, and replayed to
+ * retries byte for byte. A body larger than `maxResponseBytes` is streamed through in lease
+ * mode, not saved, and the key released. An error thrown downstream (`ctx.throw` included)
+ * releases the key and goes on up to Koa's error handling.
+ * @example
+ * app.use(bodyParser());
+ * app.use(idempotency({ store, required: true }));
+ * router.post('/orders', (ctx) => {
+ *   ctx.status = 201;
+ *   ctx.set('location', `/orders/${id}`);
+ *   ctx.body = { id, key: ctx.state.idempotency?.key };
+ * });
+ */
+export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middleware {
+  const { renderErrors = true, ...engineOptions } = options ?? ({} as KoaIdempotencyOptions);
+  if (typeof renderErrors !== 'boolean') {
+    throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
+  }
+  const engine = createIdempotency<Context, Tx>(engineOptions);
+
+  return async function idempotencyMiddleware(ctx, next) {
+    let before: OutgoingHttpHeaders | undefined;
+    const outcome = await engine.handle(
+      {
+        method: ctx.method,
+        path: ctx.originalUrl,
+        keyHeader: keyHeaderOf(ctx.req),
+        contentType: ctx.get('content-type') || undefined,
+        readBody: () => bodyOf(ctx, engine),
+        raw: ctx,
+      },
+      async (idem) => {
+        ctx.state.idempotency = idem;
+        before = ctx.res.getHeaders();
+        await next();
+        const captured = await captureBody(engine, payloadOf(ctx));
+        // A stream was consumed (an object serialised): Koa sends the bytes read, or what
+        // streams on. An undefined body stays so: assigning one would turn a 404 into a 200.
+        if (ctx.body !== undefined && captured.payload !== ctx.body) ctx.body = captured.payload;
+        return {
+          status: ctx.status,
+          headers: headersOf(ctx.response.headers),
+          body: captured.body,
+          complete: captured.complete,
+        };
+      },
+    );
+    switch (outcome.kind) {
+      case 'pass':
+        ctx.state.idempotency = undefined;
+        return next();
+      case 'executed':
+        return;
+      case 'replayed':
+        return answer(ctx, outcome.response);
+      case 'rejected':
+        // Atomic mode could not commit what downstream answered: none of it may reach the client.
+        if (before) resetHeaders(ctx.res, before);
+        if (!renderErrors) throw outcome.error;
+        // An unread oversized body is still on the socket: close it rather than read it.
+        if (outcome.error.code === ErrorCode.bodyTooLarge) ctx.set('connection', 'close');
+        return answer(ctx, engine.render(outcome.error));
+    }
+  };
+}
+
+async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Promise<Uint8Array> {
+  const request = ctx.request as Context['request'] & { body?: unknown; rawBody?: string };
+  // A body parser ran first: fingerprint the bytes it read, or what it parsed (JSON is
+  // canonicalised, so re-serialising is exact).
+  if (request.body !== undefined) {
+    const bytes = Buffer.from(
+      typeof request.rawBody === 'string'
+        ? request.rawBody
+        : typeof request.body === 'string' || Buffer.isBuffer(request.body)
+          ? request.body
+          : JSON.stringify(request.body),
+    );
+    if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
+    return bytes;
+  }
+  let body: Buffer;
+  try {
+    body = await readBody(ctx.req, engine.maxBodyBytes);
+  } catch (error) {
+    throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
+  }
+  // A body parser mounted later sees a body and skips the consumed stream.
+  request.body = body;
+  return body;
+}
+
+/** What Koa's `respond` would write for `ctx.body`, as a string, Buffer or node stream. */
+function payloadOf(ctx: Context): unknown {
+  const body: unknown = ctx.body;
+  if (EMPTY_STATUS.has(ctx.status) || body === null) return null;
+  if (body === undefined) {
+    // Koa answers the status message as text/plain.
+    ctx.type = 'text';
+    return ctx.message || String(ctx.status);
+  }
+  if (typeof body === 'string' || Buffer.isBuffer(body) || body instanceof Readable) return body;
+  if (body instanceof Blob) return Readable.from(body.stream());
+  if (body instanceof ReadableStream) return Readable.from(body);
+  if (body instanceof Response) return body.body === null ? null : Readable.from(body.body);
+  return JSON.stringify(body);
+}
+
+function answer(ctx: Context, response: StoredResponse): void {
+  ctx.status = response.status;
+  ctx.body = Buffer.from(response.body);
+  // Assigning a Buffer sets application/octet-stream; the stored headers say what was sent.
+  if (!('content-type' in response.headers)) ctx.remove('content-type');
+  ctx.set(response.headers);
+}

@@ -1,0 +1,266 @@
+import http from 'node:http';
+import { createRequire } from 'node:module';
+import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { bodyParser } from '@koa/bodyparser';
+import Koa3, { type Context, type Middleware } from 'koa';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { idempotency, type KoaIdempotencyOptions } from '../src/adapters/koa.js';
+import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
+import { memoryStore } from '../src/stores/memory.js';
+import {
+  type AdapterUnderTest,
+  describeAdapterConformance,
+  listen,
+  memory,
+  paced,
+  plan,
+  postgres,
+  type RunningApp,
+  redis,
+  sqlite,
+} from './conformance/adapter-suite.js';
+
+// Koa 2 is installed under an alias (npm:koa@2); its API is the one typed for Koa 3 here.
+const Koa2 = createRequire(import.meta.url)('koa2') as typeof Koa3;
+
+type Koa = typeof Koa3;
+
+const THROW_PATHS = ['/throw', '/throw-async', '/ctx-throw'];
+const ROUTES = new Set(['/orders', '/text', '/buffer', '/stream', '/fail', '/slow', ...THROW_PATHS]);
+
+/**
+ * `parser`: mount `@koa/bodyparser` before the middleware (fingerprint from its rawBody) or
+ * nothing (the middleware reads the body into `ctx.request.body`).
+ */
+function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
+  return {
+    name,
+    throwPaths: THROW_PATHS,
+    async start({ scopeByAuthorization, ...options }) {
+      const calls: Record<string, number> = {};
+      const app = new Koa();
+      // Thrown handler errors are expected here; Koa would log each one.
+      app.silent = true;
+      if (parser) app.use(bodyParser());
+      app.use(
+        idempotency({
+          ...options,
+          ...(scopeByAuthorization ? { scope: (ctx) => ctx.get('authorization') } : {}),
+        }),
+      );
+      app.use(async (ctx: Context) => {
+        if (!ROUTES.has(ctx.path)) return;
+        const url = new URL(ctx.originalUrl, 'http://x');
+        const planned = plan(calls, ctx.method, url, ctx.state.idempotency, ctx.request.body);
+        if (planned.delayMs) await sleep(planned.delayMs);
+        if (planned.kind === 'fail') {
+          if (ctx.path === '/throw') throw new Error('boom');
+          if (ctx.path === '/ctx-throw') ctx.throw(503, 'unavailable');
+          await sleep(1);
+          throw new Error('boom');
+        }
+        ctx.status = planned.status;
+        ctx.set(planned.headers);
+        switch (planned.kind) {
+          case 'json':
+            ctx.body = planned.json;
+            break;
+          case 'text':
+            ctx.body = planned.text;
+            break;
+          case 'bytes':
+            ctx.body = planned.bytes;
+            break;
+          case 'stream':
+            ctx.body = Readable.from(paced(planned.chunks));
+            break;
+        }
+      });
+      return listen(http.createServer(app.callback()), calls);
+    },
+  };
+}
+
+describeAdapterConformance(koaAdapter('koa 3 (@koa/bodyparser first)', Koa3, true), [
+  memory,
+  sqlite,
+  postgres,
+  redis,
+]);
+describeAdapterConformance(koaAdapter('koa 2 (no body parser)', Koa2, false), [
+  memory,
+  sqlite,
+  postgres,
+  redis,
+]);
+describeAdapterConformance(koaAdapter('koa 2 (@koa/bodyparser first)', Koa2, true), [memory]);
+describeAdapterConformance(koaAdapter('koa 3 (no body parser)', Koa3, false), [memory]);
+
+describe('koa specifics', () => {
+  const store = memoryStore();
+  const apps: RunningApp[] = [];
+  afterAll(async () => {
+    await Promise.all(apps.map((app) => app.close()));
+    await store.close();
+  });
+
+  async function post(
+    app: RunningApp,
+    path: string,
+    key?: string,
+    body = '{"a":1}',
+    type = 'application/json',
+  ) {
+    const res = await fetch(app.url + path, {
+      method: 'POST',
+      headers: { 'content-type': type, ...(key ? { 'idempotency-key': key } : {}) },
+      body,
+    });
+    return { status: res.status, headers: res.headers, text: await res.text() };
+  }
+
+  it('options are checked when the middleware is built', () => {
+    expect(() => idempotency({ store, renderErrors: 'yes' } as unknown as KoaIdempotencyOptions)).toThrow(
+      ConfigError,
+    );
+    expect(() => idempotency({ store, ttl: 'soon' })).toThrow(/`ttl`/);
+  });
+
+  for (const [version, Koa] of [
+    ['3', Koa3],
+    ['2', Koa2],
+  ] as const) {
+    describe(`koa ${version}`, () => {
+      let app: RunningApp;
+      let runs = 0;
+      beforeAll(async () => {
+        const koa = new Koa();
+        koa.silent = true;
+        const routes: Record<string, Middleware[]> = {
+          // The app's own error middleware, upstream: it renders what downstream throws.
+          '/caught': [
+            async (ctx, next) => {
+              try {
+                await next();
+              } catch (error) {
+                ctx.status = (error as { status?: number }).status ?? 500;
+                ctx.body = { error: 'app_error' };
+              }
+            },
+            idempotency({ store }),
+            (ctx) => ctx.throw(422, 'bad isbn'),
+          ],
+          '/ctx-throw-4xx': [idempotency({ store }), (ctx) => ctx.throw(409, 'on loan')],
+          // The middleware first, a parser after it: the parser must skip the consumed stream.
+          '/raw-then-parser': [idempotency({ store }), bodyParser(), echo],
+          '/form': [bodyParser(), idempotency({ store }), echo],
+          '/thrown-errors': [
+            async (ctx, next) => {
+              try {
+                await next();
+              } catch (error) {
+                const idem = error as IdempotencyError;
+                ctx.status = idem.status;
+                ctx.set(idem.headers);
+                ctx.body = { custom: idem.code };
+              }
+            },
+            idempotency({ store, required: true, renderErrors: false }),
+            echo,
+          ],
+          '/default-errors': [idempotency({ store, required: true, renderErrors: false }), echo],
+        };
+        if (version === '3') {
+          const web = (make: (text: string) => unknown): Middleware[] => [
+            idempotency({ store }),
+            (ctx) => {
+              runs++;
+              ctx.status = 201;
+              ctx.type = 'text/plain';
+              ctx.body = make(`web ${runs}`);
+            },
+          ];
+          routes['/readable-stream'] = web((text) => new Blob([text]).stream());
+          routes['/blob'] = web((text) => new Blob([text], { type: 'text/plain' }));
+          routes['/response'] = web((text) => new Response(text, { status: 201 }));
+        }
+        koa.use(async (ctx, next) => {
+          const chain = routes[ctx.path];
+          if (!chain) return next();
+          let i = 0;
+          const step = (): Promise<void> => Promise.resolve(chain[i++]?.(ctx, step));
+          await step();
+        });
+        app = await listen(http.createServer(koa.callback()), {});
+        apps.push(app);
+      });
+
+      function echo(ctx: Context) {
+        runs++;
+        const body: unknown = ctx.request.body;
+        ctx.status = 201;
+        ctx.body = {
+          body: Buffer.isBuffer(body) ? `buffer:${body.toString()}` : body,
+          key: ctx.state.idempotency?.key ?? null,
+          runs,
+        };
+      }
+
+      it('an error downstream caught by an upstream middleware: the key is released, not stored', async () => {
+        const first = await post(app, '/caught', `caught-${version}`);
+        expect([first.status, first.text]).toEqual([422, '{"error":"app_error"}']);
+        const retry = await post(app, '/caught', `caught-${version}`);
+        expect(retry.status).toBe(422);
+        expect(retry.headers.get('idempotency-replayed')).toBeNull();
+      });
+
+      it('ctx.throw with a 4xx goes to Koa as usual and releases the key', async () => {
+        const first = await post(app, '/ctx-throw-4xx', `throw-${version}`);
+        expect([first.status, first.text]).toEqual([409, 'on loan']);
+        const retry = await post(app, '/ctx-throw-4xx', `throw-${version}`);
+        expect(retry.status).toBe(409);
+        expect(retry.headers.get('idempotency-replayed')).toBeNull();
+      });
+
+      it('a parser mounted after the middleware skips the body it read, and the handler gets a Buffer', async () => {
+        const first = await post(app, '/raw-then-parser', `raw-${version}`);
+        expect(first.status).toBe(201);
+        expect(JSON.parse(first.text).body).toBe('buffer:{"a":1}');
+        const replay = await post(app, '/raw-then-parser', `raw-${version}`);
+        expect(replay.headers.get('idempotency-replayed')).toBe('true');
+        expect(replay.text).toBe(first.text);
+      });
+
+      it('a form body parsed before the middleware: same form replays, another form conflicts', async () => {
+        const form = 'application/x-www-form-urlencoded';
+        const first = await post(app, '/form', `form-${version}`, 'isbn=1&member=2', form);
+        expect(JSON.parse(first.text).body).toEqual({ isbn: '1', member: '2' });
+        expect((await post(app, '/form', `form-${version}`, 'isbn=1&member=2', form)).text).toBe(first.text);
+        expect((await post(app, '/form', `form-${version}`, 'isbn=9&member=2', form)).status).toBe(409);
+      });
+
+      it('renderErrors: false throws the IdempotencyError upstream (and Koa answers it by its status)', async () => {
+        const custom = await post(app, '/thrown-errors');
+        expect(custom.status).toBe(400);
+        expect(JSON.parse(custom.text)).toEqual({ custom: 'idempotency_key_missing' });
+        const plain = await post(app, '/default-errors');
+        expect([plain.status, plain.text]).toEqual([400, 'Bad Request']);
+      });
+
+      if (version === '3')
+        it.each(['/readable-stream', '/blob', '/response'])(
+          'a Koa 3 web body (%s) is captured and replayed',
+          async (path) => {
+            const key = `web-${path}`;
+            const first = await post(app, path, key);
+            expect([first.status, first.text]).toEqual([201, `web ${runs}`]);
+            const replay = await post(app, path, key);
+            expect(replay.headers.get('idempotency-replayed')).toBe('true');
+            expect(replay.text).toBe(first.text);
+            expect(replay.headers.get('content-type')).toBe(first.headers.get('content-type'));
+          },
+        );
+    });
+  }
+});
