@@ -1,0 +1,291 @@
+import type { IncomingHttpHeaders, IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import {
+  type CallHandler,
+  createParamDecorator,
+  type DynamicModule,
+  type ExecutionContext,
+  type InjectionToken,
+  type ModuleMetadata,
+  type NestInterceptor,
+} from '@nestjs/common';
+import { RESPONSE_PASSTHROUGH_METADATA, ROUTE_ARGS_METADATA } from '@nestjs/common/constants.js';
+import { RouteParamtypes } from '@nestjs/common/enums/route-paramtypes.enum.js';
+import { APP_INTERCEPTOR } from '@nestjs/core';
+import { Observable, type Subscriber } from 'rxjs';
+import {
+  createIdempotency,
+  ErrorCode,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type StoredResponse,
+} from '../core/index.js';
+import {
+  BODY_TOO_LARGE,
+  capture,
+  keyHeaderOf,
+  readBody,
+  resetHeaders,
+  send,
+  sendAnswer,
+} from './node-http.js';
+
+/**
+ * The request as Nest hands it to `scope`: Express's `Request` on @nestjs/platform-express,
+ * Fastify's `FastifyRequest` on @nestjs/platform-fastify.
+ */
+export interface NestRequest {
+  method: string;
+  url: string;
+  originalUrl?: string;
+  headers: IncomingHttpHeaders;
+  body?: unknown;
+  rawBody?: Buffer;
+  /** Fastify's node:http request. */
+  raw?: IncomingMessage;
+}
+
+export type NestIdempotencyOptions = IdempotencyOptions<NestRequest>;
+
+/** A route's own options, merged over the module's; `false` leaves the route unguarded. */
+export type RouteIdempotency = Partial<Omit<NestIdempotencyOptions, 'store'>> | false;
+
+/** The injection token of the module's options (what `forRootAsync`'s factory returns). */
+export const RETRYSAFE_OPTIONS: InjectionToken = Symbol('retrysafe options');
+
+const routeOptions = new WeakMap<object, RouteIdempotency>();
+const contexts = new WeakMap<object, IdempotencyContext>();
+
+/**
+ * Per-route (on a method) or per-controller (on a class) options over the module's: e.g.
+ * `@Idempotent({ required: true, ttl: '7d' })`, or `@Idempotent(false)` to leave it unguarded.
+ */
+export function Idempotent(options: RouteIdempotency = {}): MethodDecorator & ClassDecorator {
+  return (target: object, _key?: string | symbol, descriptor?: PropertyDescriptor) => {
+    routeOptions.set(descriptor?.value ?? target, options);
+  };
+}
+
+/**
+ * The handler parameter holding the request's {@link IdempotencyContext} (`key`, `scope`, `tx`
+ * in atomic mode, `downstreamKey(purpose)`); `undefined` when the request is not guarded.
+ */
+export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(
+  (_data: unknown, context: ExecutionContext) => contexts.get(context.switchToHttp().getRequest()),
+);
+
+/**
+ * Guards Nest routes with Idempotency-Key, on @nestjs/platform-express and
+ * @nestjs/platform-fastify. It runs where interceptors run: after middleware, body parsing and
+ * guards, so a request a guard refuses never claims its key. What the route sends (its return
+ * value with `@HttpCode`/`@Header`, or what it writes through `@Res()`) is captured from the
+ * node:http response, saved, and replayed to retries byte for byte. An exception the handler or
+ * a pipe throws releases the key, then goes through your exception filters as usual (never
+ * replayed). Engine errors (400, 409/422, 413, 503) are answered as JSON, or `onError`'s rendering.
+ * Register it app-wide with {@link RetrysafeModule}, or `app.useGlobalInterceptors(new
+ * IdempotencyInterceptor({ store }))`.
+ */
+export class IdempotencyInterceptor implements NestInterceptor {
+  readonly #options: NestIdempotencyOptions;
+  readonly #engine: Idempotency<NestRequest, unknown>;
+  readonly #routeEngines = new WeakMap<object, Idempotency<NestRequest, unknown> | undefined>();
+
+  constructor(options: NestIdempotencyOptions) {
+    this.#options = options;
+    this.#engine = createIdempotency<NestRequest, unknown>(options);
+  }
+
+  intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
+    if (context.getType() !== 'http') return next.handle();
+    const engine = this.#engineFor(context);
+    if (engine === undefined) return next.handle();
+    const http = context.switchToHttp();
+    const req = http.getRequest<NestRequest>();
+    const reply = http.getResponse<{ raw?: ServerResponse } & ServerResponse>();
+    const rawReq = req.raw ?? (req as unknown as IncomingMessage);
+    const res = reply.raw ?? reply;
+    const handled = respondsItself(context);
+    return new Observable((subscriber) => {
+      // Headers set before the route ran (middleware, @Header): kept on every answer.
+      const before = res.getHeaders();
+      let ran = false;
+      engine
+        .handle(
+          {
+            method: req.method,
+            path: req.originalUrl ?? req.url,
+            keyHeader: keyHeaderOf(rawReq),
+            contentType: req.headers['content-type'],
+            readBody: () => bodyOf(req, rawReq, engine),
+            raw: req,
+          },
+          (ctx) => {
+            ran = true;
+            contexts.set(req, ctx as IdempotencyContext);
+            return capture(engine, res, () => runRoute(next, subscriber));
+          },
+        )
+        .then((outcome) => {
+          switch (outcome.kind) {
+            case 'pass':
+              return void next.handle().subscribe(subscriber);
+            case 'executed':
+              return sendAnswer(res, outcome);
+            case 'replayed':
+              return answerInstead(res, before, outcome.response, handled, subscriber);
+            case 'rejected':
+              return answerInstead(res, before, engine.render(outcome.error), handled || ran, subscriber, {
+                // An unread oversized body is still on the socket: close it rather than read it.
+                close: outcome.error.code === ErrorCode.bodyTooLarge,
+              });
+          }
+        })
+        // The handler's own error (the key is released by now), or the user's `scope` failing:
+        // Nest's exception filters answer it.
+        .catch((error: unknown) => subscriber.error(error));
+    });
+  }
+
+  #engineFor(context: ExecutionContext): Idempotency<NestRequest, unknown> | undefined {
+    const handler = context.getHandler();
+    if (this.#routeEngines.has(handler)) return this.#routeEngines.get(handler);
+    const own = routeOptions.get(handler) ?? routeOptions.get(context.getClass());
+    const engine =
+      own === false
+        ? undefined
+        : own === undefined
+          ? this.#engine
+          : createIdempotency<NestRequest, unknown>({ ...this.#options, ...own });
+    this.#routeEngines.set(handler, engine);
+    return engine;
+  }
+}
+
+/** Runs the route; settles when it has emitted its value (Nest then sends it) or failed. */
+function runRoute(next: CallHandler, subscriber: Subscriber<unknown>): Promise<void> {
+  return new Promise((resolve, reject) => {
+    next.handle().subscribe({
+      next: (value) => subscriber.next(value),
+      error: reject,
+      complete: () => {
+        subscriber.complete();
+        resolve();
+      },
+    });
+  });
+}
+
+/**
+ * Sends a replay or an engine error in place of the route. Nest still sends a response of its
+ * own once the interceptor completes, unless the route took `@Res()`: that one is captured and
+ * dropped. After the route ran (atomic mode could not commit), nothing of it may leak.
+ */
+function answerInstead(
+  res: ServerResponse,
+  before: OutgoingHttpHeaders,
+  response: StoredResponse,
+  nestIsDone: boolean,
+  subscriber: Subscriber<unknown>,
+  { close = false } = {},
+): void {
+  const answer = () => {
+    resetHeaders(res, before);
+    send(res, response, close);
+  };
+  if (nestIsDone) {
+    answer();
+    subscriber.complete();
+    return;
+  }
+  const dropped = { mode: 'lease', maxResponseBytes: Number.POSITIVE_INFINITY } as const;
+  capture(dropped, res, () => {
+    subscriber.next(undefined);
+    subscriber.complete();
+  }).then(answer, (error: unknown) => subscriber.error(error));
+}
+
+/** Nest leaves the response to a route that takes `@Res()` or `@Next()` without passthrough. */
+function respondsItself(context: ExecutionContext): boolean {
+  const host = context.getClass();
+  const method = context.getHandler().name;
+  const params: Record<string, unknown> = Reflect.getMetadata(ROUTE_ARGS_METADATA, host, method) ?? {};
+  const takesResponse = Object.keys(params).some((key) => {
+    const type = Number(key.split(':')[0]);
+    return type === RouteParamtypes.RESPONSE || type === RouteParamtypes.NEXT;
+  });
+  return takesResponse && !Reflect.getMetadata(RESPONSE_PASSTHROUGH_METADATA, host, method);
+}
+
+async function bodyOf(
+  req: NestRequest,
+  rawReq: IncomingMessage,
+  engine: Idempotency<NestRequest, unknown>,
+): Promise<Uint8Array> {
+  // The platform's parser read the body: fingerprint its bytes (`rawBody: true`) or what it
+  // parsed (JSON is canonicalised, so re-serialising is exact).
+  if (req.rawBody !== undefined || req.body !== undefined || rawReq.readableEnded) {
+    const bytes = req.rawBody ?? parsedBytes(req.body);
+    if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
+    return bytes;
+  }
+  // No parser took this content type: read it, and leave it in `req.body` as a Buffer.
+  try {
+    const body = await readBody(rawReq, engine.maxBodyBytes);
+    req.body = body;
+    return body;
+  } catch (error) {
+    throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
+  }
+}
+
+function parsedBytes(body: unknown): Uint8Array {
+  if (body === undefined || body === null) return new Uint8Array(0);
+  if (body instanceof Uint8Array) return body;
+  if (typeof body === 'string') return Buffer.from(body, 'utf8');
+  return Buffer.from(JSON.stringify(body), 'utf8');
+}
+
+export interface RetrysafeModuleAsyncOptions extends Pick<ModuleMetadata, 'imports'> {
+  useFactory: (...args: never[]) => NestIdempotencyOptions | Promise<NestIdempotencyOptions>;
+  inject?: InjectionToken[];
+}
+
+/**
+ * Registers {@link IdempotencyInterceptor} app-wide (as `APP_INTERCEPTOR`): every POST/PATCH
+ * route is guarded by the module's options; `@Idempotent(options)` overrides them per route or
+ * controller, `@Idempotent(false)` leaves one unguarded.
+ * @example
+ * RetrysafeModule.forRoot({ store: postgresStore({ connectionString }), ttl: '7d' })
+ * RetrysafeModule.forRootAsync({ inject: [ConfigService], useFactory: (config) => ({ store: ... }) })
+ */
+// biome-ignore lint/complexity/noStaticOnlyClass: Nest names a dynamic module by its class.
+export class RetrysafeModule {
+  static forRoot(options: NestIdempotencyOptions): DynamicModule {
+    // Built here so bad options fail at startup, not at the first request.
+    const interceptor = new IdempotencyInterceptor(options);
+    return {
+      module: RetrysafeModule,
+      providers: [
+        { provide: RETRYSAFE_OPTIONS, useValue: options },
+        { provide: APP_INTERCEPTOR, useValue: interceptor },
+      ],
+      exports: [RETRYSAFE_OPTIONS],
+    };
+  }
+
+  static forRootAsync(options: RetrysafeModuleAsyncOptions): DynamicModule {
+    return {
+      module: RetrysafeModule,
+      imports: options.imports ?? [],
+      providers: [
+        { provide: RETRYSAFE_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] },
+        {
+          provide: APP_INTERCEPTOR,
+          useFactory: (resolved: NestIdempotencyOptions) => new IdempotencyInterceptor(resolved),
+          inject: [RETRYSAFE_OPTIONS],
+        },
+      ],
+      exports: [RETRYSAFE_OPTIONS],
+    };
+  }
+}

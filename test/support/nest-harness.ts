@@ -1,0 +1,155 @@
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
+import {
+  Controller,
+  Delete,
+  Get,
+  HttpCode,
+  HttpException,
+  type INestApplication,
+  Module,
+  type ModuleMetadata,
+  Patch,
+  Post,
+  Put,
+  Req,
+  Res,
+  ServiceUnavailableException,
+  StreamableFile,
+} from '@nestjs/common';
+import { NestFactory } from '@nestjs/core';
+import { ExpressAdapter } from '@nestjs/platform-express';
+import { FastifyAdapter } from '@nestjs/platform-fastify';
+import { throwError } from 'rxjs';
+import { IdempotencyCtx, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
+import type { IdempotencyContext } from '../../src/core/engine.js';
+import { type AdapterUnderTest, paced, plan, type RunningApp } from '../conformance/adapter-suite.js';
+
+/**
+ * Nest apps for the adapter tests, written without decorator syntax (the project compiles
+ * without `experimentalDecorators`): each decorator is applied by calling it, as TypeScript's
+ * legacy decorators would. The test files import this under Nest 12 (the root install) or, with
+ * the @nestjs packages mocked to test/nest11's, under Nest 11.
+ */
+export type Platform = 'express' | 'fastify';
+
+type Handler = (...args: never[]) => unknown;
+
+/** A controller class with `routes`: method name → handler, its decorators, its parameters' decorators. */
+export function controller(
+  routes: Record<string, { handler: Handler; decorators: MethodDecorator[]; params?: ParameterDecorator[] }>,
+  classDecorators: ClassDecorator[] = [],
+): new () => object {
+  class Routes {}
+  for (const [name, { handler, decorators, params = [] }] of Object.entries(routes)) {
+    // Nest reads a route's parameters by the method's name, as a class method would have it.
+    const method = { [name]: (...args: never[]) => handler(...args) }[name]!;
+    Object.defineProperty(Routes.prototype, name, { value: method, writable: true, configurable: true });
+    const descriptor = Object.getOwnPropertyDescriptor(Routes.prototype, name)!;
+    for (const [index, decorate] of params.entries()) decorate(Routes.prototype, name, index);
+    for (const decorate of [...decorators].reverse()) decorate(Routes.prototype, name, descriptor);
+  }
+  for (const decorate of [...classDecorators, Controller()]) decorate(Routes);
+  return Routes;
+}
+
+export async function startNest(platform: Platform, metadata: ModuleMetadata): Promise<INestApplication> {
+  class AppModule {}
+  Module(metadata)(AppModule);
+  const app = await NestFactory.create(
+    AppModule,
+    platform === 'express' ? new ExpressAdapter() : new FastifyAdapter(),
+    // abortOnError: false — a failed start throws instead of aborting the test worker.
+    { logger: false, forceCloseConnections: true, abortOnError: false },
+  );
+  await app.listen(0, '127.0.0.1');
+  return app;
+}
+
+export function urlOf(app: INestApplication): string {
+  const { port } = (app.getHttpServer() as Server).address() as AddressInfo;
+  return `http://127.0.0.1:${port}`;
+}
+
+/** Status and headers through the platform's response (`@Res({ passthrough: true })`). */
+function setHeaders(res: unknown, headers: Record<string, string>): void {
+  const reply = res as { headers?: (h: object) => void; set?: (h: object) => void; raw?: unknown };
+  if (reply.raw) reply.headers!(headers);
+  else reply.set!(headers);
+}
+
+/** How each throw path fails on its first call: Nest's error idioms. */
+const FAILURES: Record<string, () => unknown> = {
+  '/throw': () => {
+    throw new Error('boom');
+  },
+  '/throw-async': async () => {
+    await sleep(1);
+    throw new Error('boom');
+  },
+  '/throw-observable': () => throwError(() => new Error('boom')),
+  '/throw-http': () => {
+    throw new ServiceUnavailableException();
+  },
+};
+const THROW_PATHS = Object.keys(FAILURES);
+
+export function nestAdapter(name: string, platform: Platform): AdapterUnderTest {
+  return {
+    name,
+    throwPaths: THROW_PATHS,
+    async start({ scopeByAuthorization, ...options }) {
+      const calls: Record<string, number> = {};
+      const serve = async (req: NestRequest, res: unknown, idem: IdempotencyContext | undefined) => {
+        const url = new URL(req.originalUrl ?? req.url, 'http://x');
+        const planned = plan(calls, req.method, url, idem, req.body);
+        if (planned.delayMs) await sleep(planned.delayMs);
+        setHeaders(res, planned.headers);
+        switch (planned.kind) {
+          case 'fail':
+            return FAILURES[url.pathname]!();
+          case 'json':
+            // The 500 of /fail is Nest's idiom for an error response: an HttpException.
+            if (planned.status >= 500) throw new HttpException(planned.json as object, planned.status);
+            return planned.json;
+          case 'text':
+            return planned.text;
+          case 'bytes':
+            return new StreamableFile(planned.bytes);
+          case 'stream':
+            return new StreamableFile(Readable.from(paced(planned.chunks)));
+        }
+      };
+      const params = [Req(), Res({ passthrough: true }), IdempotencyCtx()];
+      const route = (decorators: MethodDecorator[]) => ({ handler: serve, decorators, params });
+      const Catalog = controller({
+        postOrders: route([Post('orders')]),
+        patchOrders: route([Patch('orders'), HttpCode(201)]),
+        getOrders: route([Get('orders')]),
+        putOrders: route([Put('orders')]),
+        deleteOrders: route([Delete('orders')]),
+        text: route([Post('text'), HttpCode(200)]),
+        buffer: route([Post('buffer'), HttpCode(200)]),
+        stream: route([Post('stream'), HttpCode(200)]),
+        fail: route([Post('fail')]),
+        slow: route([Post('slow')]),
+        throwSync: route([Post('throw')]),
+        throwAsync: route([Post('throw-async')]),
+        throwObservable: route([Post('throw-observable')]),
+        throwHttp: route([Post('throw-http')]),
+      });
+      const app = await startNest(platform, {
+        imports: [
+          RetrysafeModule.forRoot({
+            ...options,
+            ...(scopeByAuthorization ? { scope: (req) => req.headers.authorization ?? '' } : {}),
+          }),
+        ],
+        controllers: [Catalog],
+      });
+      return { url: urlOf(app), calls, close: () => app.close() } satisfies RunningApp;
+    },
+  };
+}
