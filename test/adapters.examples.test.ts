@@ -41,7 +41,7 @@ async function startExample(name: string): Promise<string> {
   });
 }
 
-describe.each(['node', 'express', 'fastify', 'hono', 'koa'])('examples/%s/app.js', (name) => {
+describe.each(['node', 'express', 'fastify', 'hono', 'koa', 'nestjs'])('examples/%s/app.js', (name) => {
   it('answers 400 without a key, 201 with one, and replays the retry', async () => {
     const url = await startExample(name);
     const order = (key?: string) =>

@@ -6,13 +6,16 @@ import { describe, expect, it } from 'vitest';
 const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
 
 describe('README quick starts', () => {
-  it.each(['express', 'fastify', 'hono', 'koa', 'node'])('shows examples/%s/app.js verbatim', (framework) => {
-    const source = readFileSync(
-      new URL(`../examples/${framework}/app.js`, import.meta.url),
-      'utf8',
-    ).trimEnd();
-    expect(readme).toContain(`\`\`\`js\n${source}\n\`\`\``);
-  });
+  it.each(['express', 'fastify', 'hono', 'koa', 'nestjs', 'node'])(
+    'shows examples/%s/app.js verbatim',
+    (framework) => {
+      const source = readFileSync(
+        new URL(`../examples/${framework}/app.js`, import.meta.url),
+        'utf8',
+      ).trimEnd();
+      expect(readme).toContain(`\`\`\`js\n${source}\n\`\`\``);
+    },
+  );
 
   it('shows the two commands', () => {
     expect(readme).toContain('npm install && npm start');
