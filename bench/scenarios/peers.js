@@ -5,7 +5,9 @@ import { measureSet, round2, target } from '../lib/measure.js';
 import { startServer } from '../lib/proc.js';
 import { REDIS_URL } from '../lib/services.js';
 
-const APP = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/express-app.js');
+const SERVERS = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers');
+const APP = path.join(SERVERS, 'express-app.js');
+const NEST_APP = path.join(SERVERS, 'nest-app.js');
 /** The handler delay for the race probes: long enough that 20 duplicates overlap it. */
 const RACE_DELAY_MS = 50;
 const DUPLICATES = 20;
@@ -20,6 +22,21 @@ const CONTENDERS = [
   { id: 'retrysafe-memory', label: 'retrysafe (memory)', ours: true, goal: 0.85 },
   { id: 'retrysafe-redis', label: 'retrysafe (Redis)', ours: true, goal: 0.8 },
   { id: 'retrysafe-sqlite', label: 'retrysafe (SQLite)', ours: true },
+  // The NestJS row: its own app and its own baseline, measured interleaved with the rest.
+  { id: 'nest-bare', label: 'bare NestJS 12 (no idempotency)', app: NEST_APP, bare: 'nest-bare' },
+  {
+    id: 'nest-node-idempotency-memory',
+    label: '@node-idempotency/nestjs (memory)',
+    app: NEST_APP,
+    bare: 'nest-bare',
+  },
+  {
+    id: 'nest-retrysafe-memory',
+    label: 'retrysafe/nestjs (memory)',
+    ours: true,
+    app: NEST_APP,
+    bare: 'nest-bare',
+  },
 ];
 
 const BODY = { item: 'book', qty: 1 };
@@ -50,7 +67,9 @@ const describe = (r) => {
 };
 
 async function probe(ctx, contender) {
-  const server = await startServer(APP, { env: serverEnv(ctx, contender.id, RACE_DELAY_MS) });
+  const server = await startServer(contender.app ?? APP, {
+    env: serverEnv(ctx, contender.id, RACE_DELAY_MS),
+  });
   try {
     const url = `${server.url}/orders`;
     const key = (name) => `${ctx.runId}-${contender.id}-${name}`;
@@ -91,9 +110,10 @@ async function probe(ctx, contender) {
 
 export async function run(ctx) {
   const notes = [
-    `Same Express 5 app and handler for every contender (bench/servers/express-app.js); JSON body ${JSON.stringify(BODY)}, a fresh Idempotency-Key per request, also sent to the bare app (which ignores it).`,
+    `Same Express 5 app and handler for every Express contender (bench/servers/express-app.js); the NestJS rows share one NestJS 12 app on platform-express (bench/servers/nest-app.js) around the same handler (bench/servers/work.js), and their ÷ bare is against bare NestJS; JSON body ${JSON.stringify(BODY)}, a fresh Idempotency-Key per request, also sent to the bare app (which ignores it).`,
     `Correctness probes use a ${RACE_DELAY_MS} ms handler: ${DUPLICATES} concurrent duplicates on one key, then a plain retry, then the same key with another body, then a handler that throws once and its retry.`,
     '@node-idempotency/express is not published on npm (404); the bench uses @node-idempotency/core with the same glue its Express plugin source uses (onRequest, onResponse from res.send, replay of status and body).',
+    '@node-idempotency/nestjs 1.0.4 declares NestJS 9 or 10 as peers; it runs here on NestJS 12 (bench/package.json overrides the peer range), integrated as its README says (NodeIdempotencyModule.forRootAsync with the memory adapter, @Idempotent() on the route).',
     'Powertools: makeIdempotent over CachePersistenceLayer (@redis/client) in the Express handler, eventKeyJmesPath "key", payloadValidationJmesPath "body"; no Lambda context (so no in-progress expiry).',
   ];
   const servers = new Map();
@@ -104,7 +124,7 @@ export async function run(ctx) {
       try {
         servers.set(
           contender.id,
-          await startServer(APP, {
+          await startServer(contender.app ?? APP, {
             env: serverEnv(ctx, contender.id, 0),
             execArgv: execArgv(ctx, contender.id, 'peers'),
           }),
@@ -123,7 +143,6 @@ export async function run(ctx) {
     for (const server of servers.values()) await server.stop();
     servers.clear();
 
-    const bare = measured.bare?.rps;
     const targets = [];
     for (const contender of CONTENDERS) {
       const m = measured[contender.id];
@@ -135,6 +154,7 @@ export async function run(ctx) {
           unavailable.set(contender.id, error.message);
         }
       }
+      const bare = measured[contender.bare ?? 'bare']?.rps;
       const ratio = m && bare ? m.rps / bare : Number.NaN;
       if (contender.goal)
         targets.push(target(`peers: ${contender.label} throughput ÷ bare`, ratio, '>=', contender.goal));
@@ -163,7 +183,7 @@ export async function run(ctx) {
       ctx.log(`  ${contender.id}: ${JSON.stringify({ ratio: round2(ratio), ...p })}`);
     }
     return {
-      title: 'Peers side by side (Express 5, same handler)',
+      title: 'Peers side by side (Express 5 and NestJS 12, same handler)',
       table: {
         columns: [
           'contender',

@@ -1,30 +1,14 @@
 // One Express 5 app, one handler; CONTENDER picks the idempotency layer in front of it.
 // Started in its own process by bench/run.js; reports its port over IPC.
-import { randomUUID } from 'node:crypto';
-import { setTimeout as sleep } from 'node:timers/promises';
 import express from 'express';
 import { serveCommands } from '../lib/proc.js';
+import { stats, work } from './work.js';
 
 const CONTENDER = process.env.CONTENDER ?? 'bare';
-const HANDLER_DELAY_MS = Number(process.env.HANDLER_DELAY_MS ?? 0);
 const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 /** Every key or prefix this server writes contains RUN_ID, so run.js can delete them afterwards. */
 const RUN_ID = process.env.RUN_ID ?? `rsbench-${process.pid}`;
 const SQLITE_FILE = process.env.SQLITE_FILE;
-
-let executions = 0;
-const crashed = new Set();
-
-/** The business logic every contender protects: the same for all of them. */
-async function work(body) {
-  executions++;
-  if (HANDLER_DELAY_MS > 0) await sleep(HANDLER_DELAY_MS);
-  if (body?.crashOnce && !crashed.has(body.crashOnce)) {
-    crashed.add(body.crashOnce);
-    throw new Error('handler crashed');
-  }
-  return { id: randomUUID(), item: body?.item, qty: body?.qty };
-}
 
 async function handler(req, res) {
   res.status(201).json(await work(req.body));
@@ -187,10 +171,7 @@ try {
   const app = express();
   app.disable('x-powered-by');
   app.use(express.json());
-  app.get('/__stats', (_req, res) => {
-    const { rss, heapUsed } = process.memoryUsage();
-    res.json({ executions, rssBytes: rss, heapUsedBytes: heapUsed });
-  });
+  app.get('/__stats', (_req, res) => res.json(stats()));
   app.post('/orders', ...(await build()));
   app.use((error, _req, res, _next) => {
     const status = error?.status ?? error?.statusCode ?? (res.statusCode >= 400 ? res.statusCode : 500);
@@ -198,13 +179,7 @@ try {
     res.status(status).json({ error: error?.message ?? 'error' });
   });
   const server = app.listen(0, '127.0.0.1', () => process.send?.({ ready: server.address().port }));
-  serveCommands({
-    stats: () => {
-      globalThis.gc?.();
-      const { rss, heapUsed } = process.memoryUsage();
-      return { executions, rssBytes: rss, heapUsedBytes: heapUsed };
-    },
-  });
+  serveCommands({ stats });
   process.on('SIGTERM', async () => {
     server.close();
     server.closeAllConnections();
