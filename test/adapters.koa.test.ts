@@ -27,7 +27,16 @@ const Koa2 = createRequire(import.meta.url)('koa2') as typeof Koa3;
 type Koa = typeof Koa3;
 
 const THROW_PATHS = ['/throw', '/throw-async', '/ctx-throw'];
-const ROUTES = new Set(['/orders', '/text', '/buffer', '/stream', '/fail', '/slow', ...THROW_PATHS]);
+const ROUTES = new Set([
+  '/orders',
+  '/text',
+  '/buffer',
+  '/stream',
+  '/fail',
+  '/slow',
+  '/empty',
+  ...THROW_PATHS,
+]);
 
 /**
  * `parser`: mount `@koa/bodyparser` before the middleware (fingerprint from its rawBody) or
@@ -42,7 +51,8 @@ function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
       const app = new Koa();
       // Thrown handler errors are expected here; Koa would log each one.
       app.silent = true;
-      if (parser) app.use(bodyParser());
+      // Past the suite's largest upload, as express.json() in the Express tests: maxBodyBytes answers.
+      if (parser) app.use(bodyParser({ jsonLimit: '10mb' }));
       app.use(
         idempotency({
           ...options,
@@ -71,6 +81,8 @@ function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
             break;
           case 'bytes':
             ctx.body = planned.bytes;
+            break;
+          case 'empty':
             break;
           case 'stream':
             ctx.body = Readable.from(paced(planned.chunks));

@@ -125,7 +125,8 @@ async function bodyOf(req: Request, engine: Idempotency<Request, unknown>): Prom
   return body;
 }
 
-function parsedBytes(body: unknown): Uint8Array {
+/** The bytes to fingerprint for a body a parser already parsed (the Nest adapter uses it too). */
+export function parsedBytes(body: unknown): Uint8Array {
   if (body === undefined || body === null) return new Uint8Array(0);
   if (body instanceof Uint8Array) return body;
   if (typeof body === 'string') return Buffer.from(body, 'utf8');

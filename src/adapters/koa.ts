@@ -10,7 +10,8 @@ import {
   type IdempotencyOptions,
   type StoredResponse,
 } from '../core/index.js';
-import { BODY_TOO_LARGE, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
+import { parsedBytes } from './express.js';
+import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
 import { captureBody, headersOf } from './payload.js';
 
 export interface KoaIdempotencyOptions extends IdempotencyOptions<Context> {
@@ -68,6 +69,7 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
         path: ctx.originalUrl,
         keyHeader: keyHeaderOf(ctx.req),
         contentType: ctx.get('content-type') || undefined,
+        authorization: ctx.headers.authorization,
         readBody: () => bodyOf(ctx, engine),
         raw: ctx,
       },
@@ -98,9 +100,9 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
       case 'rejected':
         // Atomic mode could not commit what downstream answered: none of it may reach the client.
         if (before) resetHeaders(ctx.res, before);
+        // The rest of an oversized body is still on its way: whoever answers, read it off first.
+        if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(ctx.req, ctx.res);
         if (!renderErrors) throw outcome.error;
-        // An unread oversized body is still on the socket: close it rather than read it.
-        if (outcome.error.code === ErrorCode.bodyTooLarge) ctx.set('connection', 'close');
         return answer(ctx, engine.render(outcome.error));
     }
   };
@@ -111,13 +113,8 @@ async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Prom
   // A body parser ran first: fingerprint the bytes it read, or what it parsed (JSON is
   // canonicalised, so re-serialising is exact).
   if (request.body !== undefined) {
-    const bytes = Buffer.from(
-      typeof request.rawBody === 'string'
-        ? request.rawBody
-        : typeof request.body === 'string' || Buffer.isBuffer(request.body)
-          ? request.body
-          : JSON.stringify(request.body),
-    );
+    const bytes =
+      typeof request.rawBody === 'string' ? Buffer.from(request.rawBody) : parsedBytes(request.body);
     if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
     return bytes;
   }

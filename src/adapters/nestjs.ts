@@ -20,9 +20,12 @@ import {
   type IdempotencyOptions,
   type StoredResponse,
 } from '../core/index.js';
+// The parsed-body fingerprint bytes Express's adapter uses (JSON nested past the stack included).
+import { parsedBytes } from './express.js';
 import {
   BODY_TOO_LARGE,
   capture,
+  closeAfterDrain,
   keyHeaderOf,
   readBody,
   resetHeaders,
@@ -116,6 +119,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
             path: req.originalUrl ?? req.url,
             keyHeader: keyHeaderOf(rawReq),
             contentType: req.headers['content-type'],
+            authorization: req.headers.authorization,
             readBody: () => bodyOf(req, rawReq, engine),
             raw: req,
           },
@@ -134,10 +138,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
             case 'replayed':
               return answerInstead(res, before, outcome.response, handled, subscriber);
             case 'rejected':
-              return answerInstead(res, before, engine.render(outcome.error), handled || ran, subscriber, {
-                // An unread oversized body is still on the socket: close it rather than read it.
-                close: outcome.error.code === ErrorCode.bodyTooLarge,
-              });
+              // The rest of an oversized body is still on its way: read it off before answering.
+              if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(rawReq, res);
+              return answerInstead(res, before, engine.render(outcome.error), handled || ran, subscriber);
           }
         })
         // The handler's own error (the key is released by now), or the user's `scope` failing:
@@ -186,11 +189,10 @@ function answerInstead(
   response: StoredResponse,
   nestIsDone: boolean,
   subscriber: Subscriber<unknown>,
-  { close = false } = {},
 ): void {
   const answer = () => {
     resetHeaders(res, before);
-    send(res, response, close);
+    send(res, response);
   };
   if (nestIsDone) {
     answer();
@@ -236,13 +238,6 @@ async function bodyOf(
   } catch (error) {
     throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
   }
-}
-
-function parsedBytes(body: unknown): Uint8Array {
-  if (body === undefined || body === null) return new Uint8Array(0);
-  if (body instanceof Uint8Array) return body;
-  if (typeof body === 'string') return Buffer.from(body, 'utf8');
-  return Buffer.from(JSON.stringify(body), 'utf8');
 }
 
 export interface RetrysafeModuleAsyncOptions extends Pick<ModuleMetadata, 'imports'> {

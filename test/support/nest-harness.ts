@@ -20,7 +20,7 @@ import {
   StreamableFile,
 } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
-import { ExpressAdapter } from '@nestjs/platform-express';
+import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { throwError } from 'rxjs';
 import { IdempotencyCtx, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
@@ -55,15 +55,20 @@ export function controller(
   return Routes;
 }
 
+const BODY_LIMIT = 10 * 1024 * 1024;
+
 export async function startNest(platform: Platform, metadata: ModuleMetadata): Promise<INestApplication> {
   class AppModule {}
   Module(metadata)(AppModule);
+  // The platforms' body limits are raised past the suite's largest upload (as express.json() in
+  // the Express tests), so that maxBodyBytes is what answers.
   const app = await NestFactory.create(
     AppModule,
-    platform === 'express' ? new ExpressAdapter() : new FastifyAdapter(),
-    // abortOnError: false — a failed start throws instead of aborting the test worker.
-    { logger: false, forceCloseConnections: true, abortOnError: false },
+    platform === 'express' ? new ExpressAdapter() : new FastifyAdapter({ bodyLimit: BODY_LIMIT }),
+    // abortOnError: false: a failed start throws instead of aborting the test worker.
+    { logger: false, forceCloseConnections: true, abortOnError: false, bodyParser: platform === 'fastify' },
   );
+  if (platform === 'express') (app as NestExpressApplication).useBodyParser('json', { limit: BODY_LIMIT });
   await app.listen(0, '127.0.0.1');
   return app;
 }
@@ -73,11 +78,23 @@ export function urlOf(app: INestApplication): string {
   return `http://127.0.0.1:${port}`;
 }
 
-/** Status and headers through the platform's response (`@Res({ passthrough: true })`). */
-function setHeaders(res: unknown, headers: Record<string, string>): void {
-  const reply = res as { headers?: (h: object) => void; set?: (h: object) => void; raw?: unknown };
-  if (reply.raw) reply.headers!(headers);
-  else reply.set!(headers);
+/** The methods used here of Express's `Response` and Fastify's `FastifyReply` (which has `raw`). */
+export interface PlatformReply {
+  raw?: unknown;
+  code(status: number): PlatformReply;
+  status(status: number): PlatformReply;
+  headers(headers: Record<string, string>): PlatformReply;
+  set(headers: Record<string, string>): PlatformReply;
+  header(name: string, value: string): PlatformReply;
+  type(type: string): PlatformReply;
+  send(body: unknown): unknown;
+  json(body: unknown): unknown;
+}
+
+/** Headers through the platform's response (`@Res({ passthrough: true })`). */
+function setHeaders(res: PlatformReply, headers: Record<string, string>): void {
+  if (res.raw) res.headers(headers);
+  else res.set(headers);
 }
 
 /** How each throw path fails on its first call: Nest's error idioms. */
@@ -102,7 +119,7 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
     throwPaths: THROW_PATHS,
     async start({ scopeByAuthorization, ...options }) {
       const calls: Record<string, number> = {};
-      const serve = async (req: NestRequest, res: unknown, idem: IdempotencyContext | undefined) => {
+      const serve = async (req: NestRequest, res: PlatformReply, idem: IdempotencyContext | undefined) => {
         const url = new URL(req.originalUrl ?? req.url, 'http://x');
         const planned = plan(calls, req.method, url, idem, req.body);
         if (planned.delayMs) await sleep(planned.delayMs);
@@ -120,13 +137,30 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
             return new StreamableFile(planned.bytes);
           case 'stream':
             return new StreamableFile(Readable.from(paced(planned.chunks)));
+          case 'empty':
+            return undefined;
         }
       };
+      // POST and PATCH /orders answer statuses @HttpCode cannot name (201, or a refusal that is
+      // the operation's outcome): Nest's way is a route that takes @Res() and sends itself.
+      const order = async (req: NestRequest, res: PlatformReply, idem: IdempotencyContext | undefined) => {
+        const planned = plan(
+          calls,
+          req.method,
+          new URL(req.originalUrl ?? req.url, 'http://x'),
+          idem,
+          req.body,
+        );
+        if (planned.kind !== 'json') throw new Error(`unexpected ${planned.kind}`);
+        if (res.raw) res.code(planned.status).headers(planned.headers).send(planned.json);
+        else res.status(planned.status).set(planned.headers).json(planned.json);
+      };
       const params = [Req(), Res({ passthrough: true }), IdempotencyCtx()];
+      const sendsItself = [Req(), Res(), IdempotencyCtx()];
       const route = (decorators: MethodDecorator[]) => ({ handler: serve, decorators, params });
       const Catalog = controller({
-        postOrders: route([Post('orders')]),
-        patchOrders: route([Patch('orders'), HttpCode(201)]),
+        postOrders: { handler: order, decorators: [Post('orders')], params: sendsItself },
+        patchOrders: { handler: order, decorators: [Patch('orders')], params: sendsItself },
         getOrders: route([Get('orders')]),
         putOrders: route([Put('orders')]),
         deleteOrders: route([Delete('orders')]),
@@ -135,6 +169,7 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
         stream: route([Post('stream'), HttpCode(200)]),
         fail: route([Post('fail')]),
         slow: route([Post('slow')]),
+        empty: route([Post('empty'), HttpCode(204)]),
         throwSync: route([Post('throw')]),
         throwAsync: route([Post('throw-async')]),
         throwObservable: route([Post('throw-observable')]),

@@ -22,18 +22,7 @@ import { IdempotencyCtx, Idempotent, type NestRequest, RetrysafeModule } from '.
 import type { IdempotencyContext } from '../../src/core/engine.js';
 import type { IdempotencyStore } from '../../src/core/types.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { controller, type Platform, startNest, urlOf } from './nest-harness.js';
-
-/** The methods used here of Express's `Response` and Fastify's `FastifyReply` (which has `raw`). */
-interface PlatformReply {
-  raw?: unknown;
-  code(status: number): PlatformReply;
-  status(status: number): PlatformReply;
-  header(name: string, value: string): PlatformReply;
-  type(type: string): PlatformReply;
-  send(body: unknown): unknown;
-  json(body: unknown): unknown;
-}
+import { controller, type Platform, type PlatformReply, startNest, urlOf } from './nest-harness.js';
 
 /** Nest's own paths around the interceptor: guards, exception filters, pipes, @HttpCode/@Header, @Res(). */
 export function describeNestSpecifics(label: string, platform: Platform): void {
