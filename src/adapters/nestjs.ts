@@ -196,6 +196,8 @@ function answerInstead(
   };
   if (nestIsDone) {
     answer();
+    // A value Nest ignores: an interceptor that completes empty is an error (EmptyError) to Nest.
+    subscriber.next(undefined);
     subscriber.complete();
     return;
   }

@@ -17,6 +17,7 @@ import {
   UseFilters,
   UseGuards,
 } from '@nestjs/common';
+import { APP_FILTER, BaseExceptionFilter, HttpAdapterHost } from '@nestjs/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyCtx, Idempotent, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
 import type { IdempotencyContext } from '../../src/core/engine.js';
@@ -50,6 +51,15 @@ export function describeNestSpecifics(label: string, platform: Platform): void {
       }
     }
     Catch(HttpException)(Rendered);
+    /** Nest's default answers, and a record of every exception that reached them. */
+    const caught: unknown[] = [];
+    class Recorder extends BaseExceptionFilter {
+      override catch(exception: unknown, host: ArgumentsHost) {
+        caught.push(exception);
+        super.catch(exception, host);
+      }
+    }
+    Catch()(Recorder);
 
     const echo = (name: string) => (body: unknown, idem: IdempotencyContext | undefined) => ({
       n: run(name),
@@ -110,6 +120,13 @@ export function describeNestSpecifics(label: string, platform: Platform): void {
           }),
         ],
         controllers: [Routes],
+        providers: [
+          {
+            provide: APP_FILTER,
+            useFactory: (host: HttpAdapterHost) => new Recorder(host.httpAdapter),
+            inject: [HttpAdapterHost],
+          },
+        ],
       });
       url = urlOf(app);
     });
@@ -173,6 +190,7 @@ export function describeNestSpecifics(label: string, platform: Platform): void {
     });
 
     it('a route answering through @Res() is captured, and its replay is sent once', async () => {
+      caught.length = 0;
       const first = await post('/own', 'own-1');
       expect([first.status, first.text]).toEqual([201, '{"n":1,"own":true}']);
       const replay = await post('/own', 'own-1');
@@ -182,6 +200,8 @@ export function describeNestSpecifics(label: string, platform: Platform): void {
       expect(conflict.status).toBe(409);
       expect(JSON.parse(conflict.text)).toMatchObject({ error: 'key_conflict' });
       expect(runs.own).toBe(1);
+      // Nest went on quietly: nothing reached its exception filters.
+      expect(caught).toEqual([]);
     });
   });
 }
