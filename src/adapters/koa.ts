@@ -96,6 +96,8 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
       case 'executed':
         return;
       case 'replayed':
+        // After downstream ran too when its lease was lost: none of its headers may leak.
+        if (before) resetHeaders(ctx.res, before);
         return answer(ctx, outcome.response);
       case 'rejected':
         // Atomic mode could not commit what downstream answered: none of it may reach the client.

@@ -134,9 +134,10 @@ export class IdempotencyInterceptor implements NestInterceptor {
             case 'pass':
               return void next.handle().subscribe(subscriber);
             case 'executed':
-              return sendAnswer(res, outcome);
+              return sendAnswer(res, outcome, before);
             case 'replayed':
-              return answerInstead(res, before, outcome.response, handled, subscriber);
+              // After the route ran too when its lease was lost: its own response is dropped.
+              return answerInstead(res, before, outcome.response, handled || ran, subscriber);
             case 'rejected':
               // The rest of an oversized body is still on its way: read it off before answering.
               if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(rawReq, res);
