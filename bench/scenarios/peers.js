@@ -52,7 +52,7 @@ function serverEnv(ctx, id, delayMs) {
 }
 
 function execArgv(ctx, id, label) {
-  if (!ctx.profileDir || !id.startsWith('retrysafe')) return [];
+  if (!ctx.profileDir || !id.includes('retrysafe')) return [];
   return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=${label}-${id}.cpuprofile`];
 }
 
