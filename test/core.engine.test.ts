@@ -7,10 +7,10 @@ import {
   createIdempotency,
   type IdempotencyOptions,
   type IdempotencyStore,
-  type IncomingRequest,
   type StoredResponse,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
+import { postRequest as request } from './support/engine-request.js';
 
 const stores: IdempotencyStore[] = [];
 afterEach(async () => {
@@ -21,23 +21,6 @@ function engine(options: Partial<IdempotencyOptions<{ token?: string }>> = {}) {
   const store = options.store ?? memoryStore();
   stores.push(store);
   return createIdempotency<{ token?: string }>({ scope: (req) => req.token ?? '', ...options, store });
-}
-
-function request(
-  key: string | string[] | undefined,
-  body: unknown = { member: 'U-1001', isbn: 'K-02' },
-  extra: Partial<IncomingRequest<{ token?: string }>> = {},
-): IncomingRequest<{ token?: string }> {
-  return {
-    method: 'POST',
-    path: '/loans',
-    keyHeader: key,
-    contentType: 'application/json',
-    authorization: undefined,
-    readBody: async () => Buffer.from(JSON.stringify(body)),
-    raw: {},
-    ...extra,
-  };
 }
 
 /** A handler that counts its runs and answers 201 with the run number. */

@@ -8,11 +8,11 @@ import {
   type CapturedResponse,
   createIdempotency,
   type IdempotencyStore,
-  type IncomingRequest,
   type Outcome,
 } from '../src/core/index.js';
 import { postgresStore } from '../src/stores/postgres.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
+import { postRequest } from './support/engine-request.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
@@ -95,17 +95,7 @@ afterAll(async () => {
   await Promise.all(stores.map((store) => store.close()));
 });
 
-function request(key: string): IncomingRequest {
-  return {
-    method: 'POST',
-    path: '/loans',
-    keyHeader: key,
-    contentType: 'application/json',
-    authorization: undefined,
-    readBody: async () => Buffer.from('{"member":"U-1001","isbn":"K-01"}'),
-    raw: {},
-  };
-}
+const request = (key: string) => postRequest(key, { member: 'U-1001', isbn: 'K-01' });
 
 const created: CapturedResponse = {
   status: 201,

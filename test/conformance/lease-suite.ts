@@ -5,10 +5,10 @@ import {
   type CapturedResponse,
   createIdempotency,
   type IdempotencyOptions,
-  type IncomingRequest,
   type Outcome,
 } from '../../src/core/engine.js';
 import type { IdempotencyStore } from '../../src/core/types.js';
+import { postRequest } from '../support/engine-request.js';
 
 /** The store with `renew` answering false: its renewals are lost, as when the store was unreachable. */
 function losingRenewals(store: IdempotencyStore): IdempotencyStore {
@@ -59,17 +59,7 @@ export function describeLeaseRenewal(storeOf: () => IdempotencyStore): void {
       });
     }
 
-    function requestFor(scope: string, key: string): IncomingRequest<{ scope: string }> {
-      return {
-        method: 'POST',
-        path: '/loans',
-        keyHeader: key,
-        contentType: 'application/json',
-        authorization: undefined,
-        readBody: async () => Buffer.from('{"member":"U-1001","isbn":"K-02"}'),
-        raw: { scope },
-      };
-    }
+    const requestFor = (scope: string, key: string) => postRequest(key, undefined, { raw: { scope } });
 
     /** A handler that counts its runs, takes `ms`, and answers 201 naming `label` and its run. */
     function slowHandler(label: string, ms: number) {
