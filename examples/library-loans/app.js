@@ -3,20 +3,15 @@ import { credentialScope } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { adminRoutes } from './admin.js';
 import { openDatabase, openKeyStore } from './database.js';
+import { sendJson as send } from './respond.js';
 import { losingMarkedAnswers, webRoutes } from './web.js';
 
-const JSON_TYPE = 'application/json; charset=utf-8';
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
 const IDENTIFIER = /^[^\p{Cc}]{1,64}$/u;
 
 // Date.parse accepts 2026-02-31 (as March 3rd); a real calendar date survives the round trip.
 const isCalendarDate = (text) =>
   DATE.test(text) && !Number.isNaN(Date.parse(text)) && new Date(text).toISOString().startsWith(text);
-
-function send(res, status, payload, headers = {}) {
-  res.writeHead(status, { 'content-type': JSON_TYPE, ...headers });
-  res.end(JSON.stringify(payload));
-}
 
 function databaseUnavailable(res, doing, error) {
   console.error(`loan desk: ${doing} failed:`, error.message);

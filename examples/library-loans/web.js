@@ -2,7 +2,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { sendJson } from './respond.js';
+import { sendLiveJson } from './respond.js';
 
 const PAGES_DIR = fileURLToPath(new URL('./pages/', import.meta.url));
 // The package build the desk itself runs on: the page loads `retrysafe/client` from it, the same
@@ -53,14 +53,14 @@ export function webRoutes({ demoFaults }) {
       return true;
     }
     if (pathname === '/demo') {
-      sendJson(res, 200, { demoFaults });
+      sendLiveJson(res, 200, { demoFaults });
       return true;
     }
     const modulePath = pathname.startsWith('/retrysafe/') && pathname.slice('/retrysafe/'.length);
     if (modulePath && MODULE_PATH.test(modulePath)) {
       readFile(path.join(DIST_DIR, modulePath)).then(
         (body) => sendFile(res, { type: 'text/javascript; charset=utf-8', body }, req.method),
-        () => sendJson(res, 404, { error: 'path_not_found' }),
+        () => sendLiveJson(res, 404, { error: 'path_not_found' }),
       );
       return true;
     }
