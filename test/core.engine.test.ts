@@ -11,6 +11,7 @@ import {
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postRequest as request } from './support/engine-request.js';
+import { signal } from './support/signal.js';
 
 const stores: IdempotencyStore[] = [];
 afterEach(async () => {
@@ -43,14 +44,6 @@ function counter(response: Partial<CapturedResponse> = {}) {
     };
   };
   return Object.assign(state, { run });
-}
-
-function deferred() {
-  let resolve!: () => void;
-  const promise = new Promise<void>((r) => {
-    resolve = r;
-  });
-  return { promise, resolve };
 }
 
 const text = (response: StoredResponse) => Buffer.from(response.body).toString();
@@ -186,7 +179,7 @@ describe('engine outcomes', () => {
 
   it('makes a duplicate wait for the in-progress original, then replays it', async () => {
     const idem = engine({ wait: '5s' });
-    const gate = deferred();
+    const gate = signal();
     const handler = counter();
     const slow = async () => {
       await gate.promise;
@@ -206,7 +199,7 @@ describe('engine outcomes', () => {
   it('answers 409 + Retry-After at once under concurrency: reject, and after waitMs otherwise', async () => {
     for (const options of [{ concurrency: 'reject' as const }, { wait: 30 }]) {
       const idem = engine(options);
-      const gate = deferred();
+      const gate = signal();
       const original = idem.handle(request('k'), async () => {
         await gate.promise;
         return counter().run();

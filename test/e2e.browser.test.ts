@@ -2,6 +2,7 @@ import type { Browser, BrowserContext, Page, Request, Route } from 'playwright-c
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { hasChromium, launchChromium } from './support/browser.js';
 import { getJson, type LoanDesk, listLoans, startLoanDesk } from './support/loan-desk.js';
+import { signal } from './support/signal.js';
 
 /**
  * The desk's page and key-store inspector in Debian's Chromium, driven by playwright-core, against
@@ -16,15 +17,6 @@ const TEST_TIMEOUT_MS = 60_000;
  */
 const FAILED_REQUEST =
   /^Failed to load resource: (net::ERR_(CONNECTION_RESET|EMPTY_RESPONSE|FAILED|ABORTED)|the server responded with a status of \d{3})/;
-
-/** A promise and the function that resolves it. */
-function signal<T = void>(): { promise: Promise<T>; resolve: (value: T) => void } {
-  let resolve!: (value: T) => void;
-  const promise = new Promise<T>((done) => {
-    resolve = done;
-  });
-  return { promise, resolve };
-}
 
 const isLoanPost = (request: Request) =>
   request.method() === 'POST' && new URL(request.url()).pathname === '/loans';

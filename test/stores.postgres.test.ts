@@ -6,6 +6,7 @@ import type { ClaimInput, StoredResponse } from '../src/core/types.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { signal } from './support/signal.js';
 
 describe.skipIf(!hasPostgres)('postgres', () => {
   describeStoreConformance('postgres (lease and atomic mode)', async () => {
@@ -37,15 +38,6 @@ const response = (text: string, status = 201): StoredResponse => ({
   headers: { 'content-type': 'text/plain' },
   body: new TextEncoder().encode(text),
 });
-
-/** A promise and the function that resolves it, to hold a transaction open at a known point. */
-function signal(): { promise: Promise<void>; resolve: () => void } {
-  let resolve!: () => void;
-  const promise = new Promise<void>((done) => {
-    resolve = done;
-  });
-  return { promise, resolve };
-}
 
 describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   const schema = uniqueName('rs_pg');
