@@ -4,7 +4,6 @@ import net from 'node:net';
 import { promisify } from 'node:util';
 import Database from 'better-sqlite3';
 import { Redis } from 'ioredis';
-import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { fingerprint } from '../src/core/fingerprint.js';
 import {
@@ -16,7 +15,7 @@ import {
   startLoanDesk,
   tempDatabaseUrl,
 } from './support/loan-desk.js';
-import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 
 /**
  * The loan desk under processes, crashes, clocks and broken dependencies: WORKERS=N, kill -9 mid
@@ -54,13 +53,7 @@ function pgDatabaseUrl(): string {
   pgSchemas.push(schema);
   return `${PG_URL}?schema=${schema}`;
 }
-afterAll(async () => {
-  if (pgSchemas.length === 0) return;
-  const admin = new pg.Client({ connectionString: PG_URL });
-  await admin.connect();
-  for (const schema of pgSchemas) await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-  await admin.end();
-});
+afterAll(() => dropSchemas(...pgSchemas));
 
 const databases = [
   { name: 'SQLite', skip: false, url: () => tempDatabaseUrl() },

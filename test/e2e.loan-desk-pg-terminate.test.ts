@@ -3,7 +3,7 @@ import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { startLoanDesk } from './support/loan-desk.js';
 import { flowThroughFault } from './support/loan-flow.js';
-import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
  * The loan desk on PostgreSQL (WORKERS=2) while its connections are terminated every 40–100 ms
@@ -17,12 +17,7 @@ const TERMINATING_MS = 10_000;
 
 describe.skipIf(!hasPostgres)('loan desk on PostgreSQL while its backends are terminated', () => {
   const schemas: string[] = [];
-  afterAll(async () => {
-    const admin = new pg.Client({ connectionString: PG_URL });
-    await admin.connect();
-    for (const schema of schemas) await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    await admin.end();
-  });
+  afterAll(() => dropSchemas(...schemas));
 
   const variants = [
     { name: 'atomic mode', env: {} },

@@ -1,10 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
-import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
  * Every row of DESIGN.md §4 and §5 over real HTTP against the loan desk as a child process, on
@@ -91,12 +90,7 @@ const setups: Setup[] = [
     name: 'PostgreSQL, atomic mode',
     skip: !hasPostgres,
     env: () => ({ DATABASE_URL: `${PG_URL}?schema=${pgSchema}` }),
-    async cleanup() {
-      const admin = new pg.Client({ connectionString: PG_URL });
-      await admin.connect();
-      await admin.query(`DROP SCHEMA IF EXISTS "${pgSchema}" CASCADE`);
-      await admin.end();
-    },
+    cleanup: () => dropSchemas(pgSchema),
   },
 ];
 

@@ -13,7 +13,7 @@ import {
 import { postgresStore } from '../src/stores/postgres.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { postRequest } from './support/engine-request.js';
-import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
 /**
@@ -75,11 +75,7 @@ function postgresBackend(): SqlBackend {
       return { released };
     },
     async cleanup() {
-      if (!hasPostgres) return;
-      const admin = new pg.Client({ connectionString: PG_URL });
-      await admin.connect();
-      await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-      await admin.end();
+      if (hasPostgres) await dropSchemas(schema);
     },
   };
 }

@@ -8,7 +8,6 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { Redis } from 'ioredis';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/engine.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/types.js';
@@ -16,7 +15,7 @@ import { memoryStore } from '../../src/stores/memory.js';
 import { postgresStore } from '../../src/stores/postgres.js';
 import { redisStore } from '../../src/stores/redis.js';
 import { sqliteStore } from '../../src/stores/sqlite.js';
-import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support/services.js';
+import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support/services.js';
 
 /**
  * The adapter conformance suite: one list of HTTP scenarios (every row of DESIGN.md §4, bad keys,
@@ -402,12 +401,7 @@ export const postgres: StoreFactory = {
     await store.migrate();
     return {
       store,
-      async cleanup() {
-        const admin = new pg.Client({ connectionString: PG_URL });
-        await admin.connect();
-        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-        await admin.end();
-      },
+      cleanup: () => dropSchemas(schema),
     };
   },
 };

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
+import pg from 'pg';
 
 /**
  * Tests that need PostgreSQL or Redis call these at module load. With CI=true an unreachable
@@ -35,4 +36,16 @@ export const hasRedis = await requireService('Redis', 6379);
 /** A name unique to this run, usable as a schema name or key prefix. */
 export function uniqueName(prefix = 'rs_test'): string {
   return `${prefix}_${process.pid}_${randomBytes(4).toString('hex')}`;
+}
+
+/** Drops `schemas` and everything in them from the shared PostgreSQL. */
+export async function dropSchemas(...schemas: string[]): Promise<void> {
+  if (schemas.length === 0) return;
+  const admin = new pg.Client({ connectionString: PG_URL });
+  await admin.connect();
+  try {
+    for (const schema of schemas) await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  } finally {
+    await admin.end();
+  }
 }
