@@ -462,13 +462,16 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     const deadlineMs = Date.now() + timeoutMs;
     let intervalMs = pollIntervalMs;
     for (;;) {
-      if (closed) return;
       const nowMs = Date.now();
-      const row = selectLease.get(scope, key);
-      if (nowMs >= deadlineMs) return;
+      if (closed || nowMs >= deadlineMs) return;
+      let leaseLeftMs = intervalMs;
       // An atomic original of this process may still be queued: no row yet, but in progress.
-      const leaseLeftMs = holding.has(id) ? intervalMs : (row?.lease_until_ms ?? nowMs) - nowMs;
-      if (!holding.has(id) && (!row || row.completed_at_ms !== null || leaseLeftMs <= 0)) return;
+      if (!holding.has(id)) {
+        const row = selectLease.get(scope, key);
+        if (!row || row.completed_at_ms !== null) return;
+        leaseLeftMs = row.lease_until_ms - nowMs;
+        if (leaseLeftMs <= 0) return;
+      }
       await waiters.sleep(id, Math.min(intervalMs, deadlineMs - nowMs, leaseLeftMs));
       intervalMs = Math.min(intervalMs * 2, maxPollIntervalMs);
     }
