@@ -44,7 +44,7 @@ export function adminAccess(req, adminToken) {
  *   GET    /admin/keys/:scope/:key            one record, or 404 key_not_found
  *   DELETE /admin/keys/:scope/:key            204, or 404 key_not_found
  * `nowMs` is the desk's clock, so a page computes "expires in" without trusting the browser's.
- * Answers `false` for paths it does not serve.
+ * Its handler takes the request's parsed URL and answers `false` for paths it does not serve.
  */
 export function adminRoutes({ store, adminToken }) {
   async function answer(res, work) {
@@ -59,7 +59,7 @@ export function adminRoutes({ store, adminToken }) {
     }
   }
 
-  return function adminHandler(req, res, pathname) {
+  return function adminHandler(req, res, { pathname, searchParams: query }) {
     if (pathname !== '/admin/keys' && !pathname.startsWith('/admin/keys/')) return false;
     const access = adminAccess(req, adminToken);
     if (!access.allowed) {
@@ -76,7 +76,6 @@ export function adminRoutes({ store, adminToken }) {
         send(res, 405, { error: 'method_not_allowed', allow: 'GET' }, { allow: 'GET' });
         return true;
       }
-      const query = new URL(req.url, 'http://loan-desk').searchParams;
       const limit = query.get('limit');
       answer(res, async () => {
         const page = await store.list({

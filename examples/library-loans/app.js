@@ -144,7 +144,8 @@ export function loanDesk({
   }
 
   return function loanDeskHandler(req, res) {
-    const { pathname } = new URL(req.url ?? '/', 'http://loan-desk');
+    const url = new URL(req.url ?? '/', 'http://loan-desk');
+    const { pathname } = url;
     const reading = req.method === 'GET' || req.method === 'HEAD';
     const allow = (methods) =>
       send(res, 405, { error: 'method_not_allowed', allow: methods }, { allow: methods });
@@ -162,7 +163,7 @@ export function loanDesk({
     if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
     if (pathname === '/members')
       return reading ? read(res, () => database.listMembers()) : allow('GET, HEAD');
-    if (web(req, res, pathname) || admin(req, res, pathname)) return;
+    if (web(req, res, url) || admin(req, res, url)) return;
     send(res, 404, { error: 'path_not_found' });
   };
 }

@@ -41,10 +41,11 @@ function sendFile(res, file, method) {
 /**
  * The desk's pages: `/` (the "Issue loan" page), `/keys` (the key-store inspector), their assets
  * under `/pages/`, the retrysafe modules they import under `/retrysafe/`, and `/demo` telling the
- * page whether the lossy-network switch works. Answers `false` for paths it does not serve.
+ * page whether the lossy-network switch works. Its handler takes the request's parsed URL and
+ * answers `false` for paths it does not serve.
  */
 export function webRoutes({ demoFaults }) {
-  return function webHandler(req, res, pathname) {
+  return function webHandler(req, res, { pathname }) {
     if (req.method !== 'GET' && req.method !== 'HEAD') return false;
     const page = ROUTES.get(pathname) ?? (pathname.startsWith('/pages/') && pathname.slice('/pages/'.length));
     const file = page && files.get(page);
