@@ -55,10 +55,9 @@ function lockTo(intent) {
   dateInput.value = intent.body.issuedAt;
 }
 
-function cell(text, className) {
+function cell(text) {
   const td = document.createElement('td');
   td.textContent = text;
-  if (className) td.className = className;
   return td;
 }
 
