@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -6,6 +7,60 @@ import { fingerprint } from '../src/core/fingerprint.js';
 const json = 'application/json';
 const fp = (body: string, contentType: string | undefined = json, method = 'POST', path = '/loans') =>
   fingerprint({ method, path, contentType, body: Buffer.from(body) });
+
+/** The fingerprint as first specified: sha256 of canonicalize's form, or of the bytes in their own domain. */
+function specified(text: string): string {
+  let canonical: string | undefined;
+  try {
+    const parsed: unknown = JSON.parse(text);
+    canonical = depthOf(parsed) > 500 ? undefined : canonicalize(parsed);
+  } catch {
+    canonical = undefined;
+  }
+  const hash = createHash('sha256');
+  if (canonical === undefined) hash.update('\0bytes\nPOST\n/loans\n').update(Buffer.from(text));
+  else hash.update(`POST\n/loans\njson\n${canonical}`);
+  return hash.digest('hex');
+}
+
+function depthOf(value: unknown): number {
+  if (typeof value !== 'object' || value === null) return 0;
+  return 1 + Math.max(0, ...Object.values(value).map(depthOf));
+}
+
+// Keys and strings that order or escape unlike plain ASCII: array-index-like keys (which objects
+// enumerate first), keys inherited names, astral characters, lone surrogates, control characters.
+const awkward = fc.oneof(
+  fc.constantFrom(
+    '__proto__',
+    'constructor',
+    'toString',
+    '0',
+    '9',
+    '10',
+    '-1',
+    'a',
+    'B',
+    'é',
+    '😀',
+    '\ud800',
+    '\u001f',
+    '',
+  ),
+  fc.string({ unit: 'binary', maxLength: 6 }),
+);
+const awkwardJson = fc.letrec((tie) => ({
+  value: fc.oneof(
+    { depthSize: 'small' },
+    fc.constant(null),
+    fc.boolean(),
+    fc.double({ noNaN: true, noDefaultInfinity: true }),
+    fc.integer(),
+    awkward,
+    fc.array(tie('value'), { maxLength: 4 }),
+    fc.dictionary(awkward, tie('value'), { maxKeys: 5 }),
+  ),
+})).value;
 
 function shuffleKeys(value: unknown, seed: number): unknown {
   if (Array.isArray(value)) return value.map((v) => shuffleKeys(v, seed));
@@ -30,6 +85,33 @@ describe('fingerprint', () => {
     expect(fp('{"a":1}', json, 'PATCH')).not.toBe(base);
     expect(fp('{"a":1}', json, 'POST', '/loans?x=1')).not.toBe(base);
     expect(fp('{"a":1}', 'text/plain')).not.toBe(base);
+  });
+
+  it('is the specified hash for every JSON text, whatever its keys and strings hold', () => {
+    fc.assert(
+      fc.property(awkwardJson, fc.nat(), fc.integer({ min: 0, max: 2 }), (value, seed, indent) => {
+        // JSON.stringify drops a "__proto__" own key on its way out; the text keeps it.
+        const text = JSON.stringify(shuffleKeys(value, seed), null, indent);
+        expect(fp(text)).toBe(specified(text));
+      }),
+      { numRuns: 500 },
+    );
+    const nested = (levels: number, inner: string) =>
+      `${'[{"b":1,"a":'.repeat(levels)}${inner}${'}]'.repeat(levels)}`;
+    for (const text of [
+      '{"__proto__":{"a":1},"b":{}}',
+      '{"b":1,"a":{"10":1,"9":2,"__proto__":3}}',
+      '[1e400]',
+      '{"a":"\\ud800"}',
+      '{"\\udc00":1}',
+      '{"😀":1,"\\ud83d\\ude00":2,"ｚ":3}',
+      nested(249, '1'),
+      nested(250, '1'),
+      nested(251, '1'),
+      nested(200, '1e400'),
+    ]) {
+      expect(fp(text)).toBe(specified(text));
+    }
   });
 
   it('hashes non-JSON and malformed JSON bodies as bytes', () => {
