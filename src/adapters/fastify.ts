@@ -20,7 +20,7 @@ import {
   type StoredResponse,
 } from '../core/index.js';
 import { closeAfterDrain } from './node-http.js';
-import { captureBody, headersOf } from './payload.js';
+import { captureBody } from './payload.js';
 
 export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest> {
   /**
@@ -208,13 +208,9 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
       const waiting = pending.get(request);
       if (waiting === undefined || waiting.settled) return payload;
       waiting.settled = true;
-      const captured = await captureBody(engine, payload);
-      waiting.resolve({
-        status: reply.statusCode,
-        headers: headersOf(reply.getHeaders()),
-        body: captured.body,
-        complete: captured.complete,
-      });
+      const collector = engine.collect();
+      const captured = await captureBody(collector, payload);
+      waiting.resolve(collector.response(reply.statusCode, (name) => reply.getHeader(name)));
       const outcome = await waiting.outcome;
       if (outcome.kind !== 'rejected' && outcome.kind !== 'replayed') return captured.payload;
       // Atomic mode could not commit (or the response was too large to), or the handler's lease

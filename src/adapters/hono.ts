@@ -124,52 +124,39 @@ function toResponse(stored: StoredResponse): Response {
 }
 
 /**
- * Reads the handler's Response up to `maxResponseBytes` and gives back the response to send in
- * its place (its body was consumed). Past the limit, lease mode sends what was read followed by
- * the rest of the stream, and atomic mode cancels it (the engine rolls back and answers 500).
+ * Reads the handler's Response into the engine's collector and gives back the response to send in
+ * its place (its body was consumed): the whole body when it was kept; past `maxResponseBytes`,
+ * what was read followed by the rest of the stream (lease mode), or nothing (atomic mode).
  */
 async function capture(
   engine: Idempotency<Context, unknown>,
   res: Response,
 ): Promise<{ response: CapturedResponse; send: Response }> {
-  const headers: Record<string, string> = {};
-  res.headers.forEach((value, name) => {
-    headers[name] = value;
-  });
+  const collector = engine.collect();
   const init = { status: res.status, statusText: res.statusText, headers: res.headers };
-  const response = (body: Uint8Array, complete: boolean): CapturedResponse => ({
-    status: res.status,
-    headers,
-    body,
-    complete,
-  });
-  if (res.body === null)
-    return { response: response(new Uint8Array(0), true), send: new Response(null, init) };
+  const captured = () => collector.response(res.status, (name) => res.headers.get(name));
+  if (res.body === null) return { response: captured(), send: new Response(null, init) };
 
   const reader = res.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
   for (;;) {
     const { done, value } = await reader.read();
     if (done) {
-      const body = concat(chunks, size);
-      return {
-        response: response(body, true),
-        send: new Response(NULL_BODY.has(res.status) ? null : (body as Uint8Array<ArrayBuffer>), init),
-      };
+      const response = captured();
+      const body = NULL_BODY.has(res.status) ? null : (response.body as Uint8Array<ArrayBuffer>);
+      return { response, send: new Response(body, init) };
     }
-    chunks.push(value);
-    size += value.byteLength;
-    if (size > engine.maxResponseBytes) break;
+    const state = collector.add(value);
+    if (state === 'drop') {
+      await reader.cancel();
+      return { response: captured(), send: new Response(null, init) };
+    }
+    if (state === 'stream') break;
   }
-  if (engine.mode === 'atomic') {
-    await reader.cancel();
-    return { response: response(new Uint8Array(0), false), send: new Response(null, init) };
-  }
+  const kept = collector.take();
   const rest = new ReadableStream<Uint8Array>({
     start(controller) {
-      for (const chunk of chunks) controller.enqueue(chunk);
-      chunks.length = 0;
+      for (const chunk of kept) controller.enqueue(chunk);
+      kept.length = 0;
     },
     async pull(controller) {
       const { done, value } = await reader.read();
@@ -180,16 +167,5 @@ async function capture(
       return reader.cancel(reason);
     },
   });
-  return { response: response(new Uint8Array(0), false), send: new Response(rest, init) };
-}
-
-function concat(chunks: Uint8Array[], size: number): Uint8Array {
-  if (chunks.length === 1) return chunks[0]!;
-  const body = new Uint8Array(size);
-  let offset = 0;
-  for (const chunk of chunks) {
-    body.set(chunk, offset);
-    offset += chunk.byteLength;
-  }
-  return body;
+  return { response: captured(), send: new Response(rest, init) };
 }

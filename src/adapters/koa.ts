@@ -12,7 +12,7 @@ import {
 } from '../core/index.js';
 import { parsedBytes } from './express.js';
 import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
-import { captureBody, headersOf } from './payload.js';
+import { captureBody } from './payload.js';
 
 export interface KoaIdempotencyOptions extends IdempotencyOptions<Context> {
   /**
@@ -77,16 +77,12 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
         ctx.state.idempotency = idem;
         before = ctx.res.getHeaders();
         await next();
-        const captured = await captureBody(engine, payloadOf(ctx));
+        const collector = engine.collect();
+        const captured = await captureBody(collector, payloadOf(ctx));
         // A stream was consumed (an object serialised): Koa sends the bytes read, or what
         // streams on. An undefined body stays so: assigning one would turn a 404 into a 200.
         if (ctx.body !== undefined && captured.payload !== ctx.body) ctx.body = captured.payload;
-        return {
-          status: ctx.status,
-          headers: headersOf(ctx.response.headers),
-          body: captured.body,
-          complete: captured.complete,
-        };
+        return collector.response(ctx.status, (name) => ctx.res.getHeader(name));
       },
     );
     switch (outcome.kind) {

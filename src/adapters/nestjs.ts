@@ -12,6 +12,8 @@ import { RESPONSE_PASSTHROUGH_METADATA, ROUTE_ARGS_METADATA } from '@nestjs/comm
 import { RouteParamtypes } from '@nestjs/common/enums/route-paramtypes.enum.js';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { Observable, type Subscriber } from 'rxjs';
+// The parsed-body fingerprint bytes Express's adapter uses (JSON nested past the stack included).
+import { ResponseCollector } from '../core/collector.js';
 import {
   createIdempotency,
   ErrorCode,
@@ -20,7 +22,6 @@ import {
   type IdempotencyOptions,
   type StoredResponse,
 } from '../core/index.js';
-// The parsed-body fingerprint bytes Express's adapter uses (JSON nested past the stack included).
 import { parsedBytes } from './express.js';
 import {
   BODY_TOO_LARGE,
@@ -179,6 +180,9 @@ function runRoute(next: CallHandler, subscriber: Subscriber<unknown>): Promise<v
   });
 }
 
+// What a route sends after a replay or an engine error was: held whole, whatever its size, and dropped.
+const dropped = { collect: () => new ResponseCollector(Number.POSITIVE_INFINITY, 'stream', []) };
+
 /**
  * Sends a replay or an engine error in place of the route. Nest still sends a response of its
  * own once the interceptor completes, unless the route took `@Res()`: that one is captured and
@@ -202,7 +206,6 @@ function answerInstead(
     subscriber.complete();
     return;
   }
-  const dropped = { mode: 'lease', maxResponseBytes: Number.POSITIVE_INFINITY } as const;
   capture(dropped, res, () => {
     subscriber.next(undefined);
     subscriber.complete();

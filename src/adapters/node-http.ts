@@ -1,5 +1,11 @@
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import type { CapturedResponse, Idempotency, Outcome, StoredResponse } from '../core/index.js';
+import type {
+  CapturedResponse,
+  Idempotency,
+  Outcome,
+  ResponseCollector,
+  StoredResponse,
+} from '../core/index.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 
@@ -45,12 +51,22 @@ export function keyHeaderOf(req: IncomingMessage): string[] | undefined {
 const withoutLength = (status: number) => status < 200 || status === 204 || status === 304;
 
 export function send(res: ServerResponse, response: StoredResponse): void {
+  answer(res, response.status, response.headers, response.body);
+}
+
+/** Writes status, headers (besides those already on `res`) and body, the length declared. */
+function answer(
+  res: ServerResponse,
+  status: number,
+  headers: Record<string, string> | undefined,
+  body: Uint8Array,
+): void {
   if (res.headersSent) return;
-  if (!withoutLength(response.status) && !res.hasHeader('content-length')) {
-    res.setHeader('content-length', response.body.byteLength);
-  }
-  res.writeHead(response.status, response.headers);
-  res.end(response.body);
+  if (!withoutLength(status) && !res.hasHeader('content-length'))
+    res.setHeader('content-length', body.byteLength);
+  if (headers === undefined) res.writeHead(status);
+  else res.writeHead(status, headers);
+  res.end(body);
 }
 
 /**
@@ -140,7 +156,7 @@ export function sendAnswer(
     send(res, outcome.response);
   }
   // The captured headers are still set on `res`; only status and body were held back.
-  else if (outcome.response.complete) send(res, { ...outcome.response, headers: {} });
+  else if (outcome.response.complete) answer(res, outcome.response.status, undefined, outcome.response.body);
 }
 
 /** Puts back the headers `res` had before the handler ran, dropping every one the handler set. */
@@ -164,121 +180,123 @@ export function internalError(res: ServerResponse, error: unknown): void {
   );
 }
 
+const HELD = Symbol('retrysafe.held');
+
+type HoldingResponse = ServerResponse & { [HELD]?: Held };
+
+/**
+ * A handler's response held back on `res`: the methods it replaced (put back when the response
+ * ends) and the collector its body goes to. The replacements are shared functions that find this
+ * on `res`, so holding a response costs one object rather than a closure per method.
+ */
+class Held {
+  readonly writeHead: ServerResponse['writeHead'];
+  readonly write: ServerResponse['write'];
+  readonly end: ServerResponse['end'];
+  readonly flushHeaders: ServerResponse['flushHeaders'];
+
+  constructor(
+    res: HoldingResponse,
+    readonly collector: ResponseCollector,
+    readonly resolve: (response: CapturedResponse) => void,
+  ) {
+    this.writeHead = res.writeHead;
+    this.write = res.write;
+    this.end = res.end;
+    this.flushHeaders = res.flushHeaders;
+    res[HELD] = this;
+    res.writeHead = heldWriteHead as ServerResponse['writeHead'];
+    res.write = heldWrite as ServerResponse['write'];
+    res.end = heldEnd as ServerResponse['end'];
+    // Sending the headers early would commit the status before the response is saved.
+    res.flushHeaders = noop;
+  }
+
+  restore(res: HoldingResponse): void {
+    res.writeHead = this.writeHead;
+    res.write = this.write;
+    res.end = this.end;
+    res.flushHeaders = this.flushHeaders;
+    res[HELD] = undefined;
+  }
+
+  keep(res: HoldingResponse, chunk: unknown, encoding: unknown): void {
+    if (chunk === undefined || chunk === null || typeof chunk === 'function') return;
+    const bytes =
+      typeof chunk === 'string'
+        ? Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8')
+        : (chunk as Uint8Array);
+    if (this.collector.add(bytes) !== 'stream') return;
+    // The body outgrew maxResponseBytes in lease mode: from now on it goes straight out. write
+    // and end stay held, so the end of the stream still settles the capture (and the key is released).
+    (this.writeHead as (status: number) => ServerResponse).call(res, res.statusCode);
+    for (const kept of this.collector.take()) (this.write as (chunk: Uint8Array) => boolean).call(res, kept);
+  }
+}
+
+function noop(): void {}
+
+// Headers given to writeHead are moved onto `res`, so the collector reads all of them and the
+// real writeHead later sends them unchanged (set-cookie arrays included).
+function heldWriteHead(this: HoldingResponse, status: number, ...rest: unknown[]): ServerResponse {
+  this.statusCode = status;
+  if (typeof rest[0] === 'string') this.statusMessage = rest[0];
+  const last = rest[rest.length - 1];
+  if (Array.isArray(last)) {
+    for (let i = 0; i + 1 < last.length; i += 2) this.appendHeader(String(last[i]), String(last[i + 1]));
+  } else if (last && typeof last === 'object') {
+    for (const [name, value] of Object.entries(last as OutgoingHttpHeaders)) {
+      if (value !== undefined) this.setHeader(name, value);
+    }
+  }
+  return this;
+}
+
+function heldWrite(this: HoldingResponse, chunk: unknown, encoding?: unknown, callback?: unknown): boolean {
+  const held = this[HELD] as Held;
+  if (held.collector.state === 'stream') {
+    return held.write.call(this, chunk as never, encoding as never, callback as never);
+  }
+  held.keep(this, chunk, encoding);
+  const done = typeof encoding === 'function' ? encoding : callback;
+  if (typeof done === 'function') queueMicrotask(done as () => void);
+  return true;
+}
+
+function heldEnd(
+  this: HoldingResponse,
+  chunk?: unknown,
+  encoding?: unknown,
+  callback?: unknown,
+): ServerResponse {
+  const held = this[HELD] as Held;
+  const wasStreaming = held.collector.state === 'stream';
+  if (!wasStreaming) held.keep(this, chunk, encoding);
+  held.restore(this);
+  if (wasStreaming) held.end.call(this, chunk as never, encoding as never, callback as never);
+  // When this last chunk is what overflowed, keep() already sent it.
+  else if (held.collector.state === 'stream') (held.end as () => ServerResponse).call(this);
+  held.resolve(held.collector.response(this.statusCode, (name) => this.getHeader(name)));
+  return this;
+}
+
 /**
  * Runs the handler with `res` intercepted: status, headers and body are held back until the
- * engine has saved them (and, in atomic mode, committed), then sent. A lease-mode response that
- * outgrows `maxResponseBytes` is streamed through instead and reported as incomplete.
+ * engine has saved them (and, in atomic mode, committed), then sent. The engine's collector
+ * decides what is kept; a lease-mode response that outgrows `maxResponseBytes` is streamed
+ * through instead and reported as incomplete.
  */
 export function capture(
-  engine: Pick<Idempotency, 'mode' | 'maxResponseBytes'>,
+  engine: Pick<Idempotency, 'collect'>,
   res: ServerResponse,
   invoke: () => unknown,
 ): Promise<CapturedResponse> {
-  const original = {
-    writeHead: res.writeHead,
-    write: res.write,
-    end: res.end,
-    flushHeaders: res.flushHeaders,
-  };
-  const restore = () => Object.assign(res, original);
-  const chunks: Buffer[] = [];
-  let size = 0;
-  let streaming = false;
-  let overflow = false;
-
-  const toBuffer = (chunk: unknown, encoding?: unknown): Buffer =>
-    Buffer.isBuffer(chunk)
-      ? chunk
-      : typeof chunk === 'string'
-        ? Buffer.from(chunk, typeof encoding === 'string' ? (encoding as BufferEncoding) : 'utf8')
-        : Buffer.from(chunk as Uint8Array);
-
-  const writeThrough = (chunk: Buffer) => (original.write as (chunk: Buffer) => boolean).call(res, chunk);
-  // write and end stay intercepted while streaming, so the end of the stream still settles the
-  // capture (and the engine releases the key).
-  const startStreaming = () => {
-    streaming = true;
-    (original.writeHead as (status: number) => ServerResponse).call(res, res.statusCode);
-    for (const chunk of chunks) writeThrough(chunk);
-    chunks.length = 0;
-  };
-
-  const keep = (chunk: unknown, encoding?: unknown) => {
-    if (chunk === undefined || chunk === null || typeof chunk === 'function') return;
-    const buffer = toBuffer(chunk, encoding);
-    if (buffer.length === 0) return;
-    if (overflow) return;
-    size += buffer.length;
-    if (size > engine.maxResponseBytes) {
-      if (engine.mode === 'lease') {
-        startStreaming();
-        writeThrough(buffer);
-        return;
-      }
-      // Atomic mode never streams before the commit; the engine rolls back and answers 500.
-      overflow = true;
-      chunks.length = 0;
-      return;
-    }
-    chunks.push(buffer);
-  };
-
   return new Promise<CapturedResponse>((resolve, reject) => {
-    const headers = (): Record<string, string> => {
-      const merged: Record<string, string> = {};
-      for (const [name, value] of Object.entries(res.getHeaders())) {
-        if (value !== undefined) merged[name] = Array.isArray(value) ? value.join(', ') : String(value);
-      }
-      return merged;
-    };
-    // Headers given to writeHead are moved onto `res`, so getHeaders() sees all of them and the
-    // real writeHead later sends them unchanged (set-cookie arrays included).
-    // Sending the headers early would commit the status before the response is saved.
-    res.flushHeaders = () => undefined;
-    res.writeHead = ((status: number, ...rest: unknown[]) => {
-      res.statusCode = status;
-      if (typeof rest[0] === 'string') res.statusMessage = rest[0];
-      const last = rest[rest.length - 1];
-      if (Array.isArray(last)) {
-        for (let i = 0; i + 1 < last.length; i += 2) res.appendHeader(String(last[i]), String(last[i + 1]));
-      } else if (last && typeof last === 'object') {
-        for (const [name, value] of Object.entries(last as OutgoingHttpHeaders)) {
-          if (value !== undefined) res.setHeader(name, value);
-        }
-      }
-      return res;
-    }) as typeof res.writeHead;
-    res.write = ((chunk: unknown, encoding?: unknown, callback?: unknown) => {
-      if (streaming) return original.write.call(res, chunk as never, encoding as never, callback as never);
-      keep(chunk, encoding);
-      const done = typeof encoding === 'function' ? encoding : callback;
-      if (typeof done === 'function') queueMicrotask(() => (done as () => void)());
-      return true;
-    }) as typeof res.write;
-    res.end = ((chunk?: unknown, encoding?: unknown, callback?: unknown) => {
-      const wasStreaming = streaming;
-      if (!wasStreaming) keep(chunk, encoding);
-      restore();
-      if (streaming) {
-        // When this last chunk is what overflowed, keep() already sent it.
-        if (wasStreaming) original.end.call(res, chunk as never, encoding as never, callback as never);
-        else (original.end as () => ServerResponse).call(res);
-        resolve({ status: res.statusCode, headers: headers(), body: Buffer.alloc(0), complete: false });
-        return res;
-      }
-      const complete = !overflow;
-      resolve({
-        status: res.statusCode,
-        headers: headers(),
-        body: complete ? Buffer.concat(chunks) : Buffer.alloc(0),
-        complete,
-      });
-      return res;
-    }) as typeof res.end;
+    const held = new Held(res, engine.collect(), resolve);
     Promise.resolve()
       .then(invoke)
       .catch((error) => {
-        restore();
+        held.restore(res);
         reject(error);
       });
   });

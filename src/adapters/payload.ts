@@ -1,60 +1,45 @@
 import { Readable } from 'node:stream';
-import type { Idempotency } from '../core/index.js';
+import type { ResponseCollector } from '../core/index.js';
 
 // Response capture shared by the adapters that see the response as a payload before it is
 // written (fastify's onSend, koa's ctx.body), rather than as node:http writes.
 
-export function headersOf(headers: Record<string, unknown>): Record<string, string> {
-  const flat: Record<string, string> = {};
-  for (const [name, value] of Object.entries(headers)) {
-    if (value !== undefined) flat[name] = Array.isArray(value) ? value.join(', ') : String(value);
-  }
-  return flat;
-}
-
 /**
- * The bytes of a response payload (Fastify's onSend payload, Koa's serialised `ctx.body`). A stream is read up to `maxResponseBytes`; past that (for any
- * payload), lease mode sends it on unsaved — what was read, then the rest of the stream — and
- * atomic mode drops it (the engine rolls back and answers 500).
+ * Feeds a response payload (Fastify's onSend payload, Koa's serialised `ctx.body`) to the
+ * engine's collector and gives back the payload to send: as it was, or, for a stream, what was
+ * read followed by the rest (lease mode past `maxResponseBytes`); nothing when the collector
+ * dropped it (atomic mode past the limit: the engine rolls back and answers 500).
  */
 export async function captureBody(
-  engine: Pick<Idempotency, 'mode' | 'maxResponseBytes'>,
+  collector: ResponseCollector,
   payload: unknown,
-): Promise<{ body: Uint8Array; complete: boolean; payload: unknown }> {
-  if (payload === undefined || payload === null) return { body: new Uint8Array(0), complete: true, payload };
+): Promise<{ payload: unknown }> {
+  if (payload === undefined || payload === null) return { payload };
   if (typeof payload === 'string' || payload instanceof Uint8Array) {
-    const body = typeof payload === 'string' ? Buffer.from(payload) : payload;
-    if (body.byteLength <= engine.maxResponseBytes) return { body, complete: true, payload };
-    return {
-      body: new Uint8Array(0),
-      complete: false,
-      payload: engine.mode === 'atomic' ? undefined : payload,
-    };
+    const state = collector.add(typeof payload === 'string' ? Buffer.from(payload) : payload);
+    return { payload: state === 'drop' ? undefined : payload };
   }
   if (!(payload instanceof Readable)) {
     throw new TypeError('retrysafe: a response payload is neither string, Buffer nor stream');
   }
-  const chunks: Buffer[] = [];
-  let size = 0;
   const iterator = payload[Symbol.asyncIterator]();
   for (;;) {
     const next = await iterator.next();
     if (next.done) {
-      const body = Buffer.concat(chunks);
-      return { body, complete: true, payload: body };
+      const body = collector.body();
+      return { payload: Buffer.from(body.buffer, body.byteOffset, body.byteLength) };
     }
-    const chunk = Buffer.isBuffer(next.value) ? next.value : Buffer.from(next.value);
-    size += chunk.length;
-    chunks.push(chunk);
-    if (size > engine.maxResponseBytes) break;
+    const state = collector.add(Buffer.isBuffer(next.value) ? next.value : Buffer.from(next.value));
+    if (state === 'drop') {
+      payload.destroy();
+      return { payload: undefined };
+    }
+    if (state === 'stream') break;
   }
-  if (engine.mode === 'atomic') {
-    payload.destroy();
-    return { body: new Uint8Array(0), complete: false, payload: undefined };
-  }
+  const kept = collector.take();
   const rest = Readable.from(
     (async function* streamThrough() {
-      yield* chunks;
+      yield* kept;
       for (;;) {
         const next = await iterator.next();
         if (next.done) return;
@@ -63,5 +48,5 @@ export async function captureBody(
     })(),
     { objectMode: false },
   );
-  return { body: new Uint8Array(0), complete: false, payload: rest };
+  return { payload: rest };
 }

@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import { ResponseCollector } from './collector.js';
 import { type BodyCipher, bodyCipher, type EncryptionKey } from './crypto.js';
 import { type Duration, toMs } from './duration.js';
 import { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError } from './errors.js';
@@ -170,6 +171,8 @@ export interface Idempotency<Req = unknown, Tx = unknown> {
   render(error: IdempotencyError): StoredResponse;
   /** The 413 error an adapter's `readBody` throws past `maxBodyBytes`; `handle` answers it. */
   bodyTooLarge(): IdempotencyError;
+  /** A collector for one handler's response, which the adapter feeds as the response goes out. */
+  collect(): ResponseCollector;
 }
 
 const MiB = 1024 * 1024;
@@ -357,6 +360,8 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     [...DEFAULT_REPLAY_HEADERS, ...(options.replayHeaders ?? [])].map((h) => h.toLowerCase()),
   );
   for (const header of NEVER_STORED) replayHeaders.delete(header);
+  const storedHeaderNames = [...replayHeaders];
+  const overflow = mode === 'lease' ? 'stream' : 'drop';
   const cipher: BodyCipher | undefined =
     options.encryptionKey === undefined ? undefined : bodyCipher(options.encryptionKey);
   const bounds = { minLength: minKeyLength, maxLength: maxKeyLength };
@@ -680,5 +685,6 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     render,
     bodyTooLarge: () =>
       new IdempotencyError(413, ErrorCode.bodyTooLarge, `The request body exceeds ${maxBodyBytes} bytes.`),
+    collect: () => new ResponseCollector(maxResponseBytes, overflow, storedHeaderNames),
   };
 }

@@ -1,3 +1,4 @@
+export type { CollectorState, HeaderReader, ResponseCollector } from './collector.js';
 export type { EncryptionKey } from './crypto.js';
 export type { Duration } from './duration.js';
 export {
