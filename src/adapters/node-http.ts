@@ -180,14 +180,16 @@ export function internalError(res: ServerResponse, error: unknown): void {
   );
 }
 
-const HELD = Symbol('retrysafe.held');
+type HoldingResponse = ServerResponse;
 
-type HoldingResponse = ServerResponse & { [HELD]?: Held };
+// Not a property of `res`: Express swaps the prototype of every `res`, after which V8 copies its
+// map for each property added to it, and a profile of the Express app shows each one.
+const holding = new WeakMap<ServerResponse, Held>();
 
 /**
  * A handler's response held back on `res`: the methods it replaced (put back when the response
  * ends) and the collector its body goes to. The replacements are shared functions that find this
- * on `res`, so holding a response costs one object rather than a closure per method.
+ * in `holding`, so holding a response costs one object rather than a closure per method.
  */
 class Held {
   readonly writeHead: ServerResponse['writeHead'];
@@ -204,7 +206,7 @@ class Held {
     this.write = res.write;
     this.end = res.end;
     this.flushHeaders = res.flushHeaders;
-    res[HELD] = this;
+    holding.set(res, this);
     res.writeHead = heldWriteHead as ServerResponse['writeHead'];
     res.write = heldWrite as ServerResponse['write'];
     res.end = heldEnd as ServerResponse['end'];
@@ -217,7 +219,7 @@ class Held {
     res.write = this.write;
     res.end = this.end;
     res.flushHeaders = this.flushHeaders;
-    res[HELD] = undefined;
+    holding.delete(res);
   }
 
   keep(res: HoldingResponse, chunk: unknown, encoding: unknown): void {
@@ -253,7 +255,7 @@ function heldWriteHead(this: HoldingResponse, status: number, ...rest: unknown[]
 }
 
 function heldWrite(this: HoldingResponse, chunk: unknown, encoding?: unknown, callback?: unknown): boolean {
-  const held = this[HELD] as Held;
+  const held = holding.get(this) as Held;
   if (held.collector.state === 'stream') {
     return held.write.call(this, chunk as never, encoding as never, callback as never);
   }
@@ -269,7 +271,7 @@ function heldEnd(
   encoding?: unknown,
   callback?: unknown,
 ): ServerResponse {
-  const held = this[HELD] as Held;
+  const held = holding.get(this) as Held;
   const wasStreaming = held.collector.state === 'stream';
   if (!wasStreaming) held.keep(this, chunk, encoding);
   held.restore(this);
