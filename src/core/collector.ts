@@ -1,4 +1,4 @@
-import type { CapturedResponse } from './engine.js';
+import type { CapturedResponse } from './adapter-contract.js';
 
 /** What a collector does with the body: `keep` it; past the limit `stream` it on unsaved, or `drop` it. */
 export type CollectorState = 'keep' | 'stream' | 'drop';

@@ -1,0 +1,41 @@
+/**
+ * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending
+ * call (armed only while calls are pending): a timer per store call cost more than the call itself.
+ */
+export function deadlineGuard(timeoutMs: number, message: string) {
+  const pending = new Set<{ deadlineMs: number; reject: (error: Error) => void }>();
+  let sweeper: NodeJS.Timeout | undefined;
+  const sweep = () => {
+    const now = Date.now();
+    for (const call of pending) {
+      if (call.deadlineMs <= now) {
+        pending.delete(call);
+        call.reject(new Error(message));
+      }
+    }
+    if (pending.size === 0) {
+      clearInterval(sweeper);
+      sweeper = undefined;
+    }
+  };
+  return function guard<T>(promise: Promise<T>): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      const call = { deadlineMs: Date.now() + timeoutMs, reject };
+      pending.add(call);
+      if (!sweeper) {
+        sweeper = setInterval(sweep, Math.max(1, Math.min(100, Math.floor(timeoutMs / 4))));
+        sweeper.unref();
+      }
+      promise.then(
+        (value) => {
+          pending.delete(call);
+          resolve(value);
+        },
+        (error) => {
+          pending.delete(call);
+          reject(error);
+        },
+      );
+    });
+  };
+}

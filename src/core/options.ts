@@ -1,0 +1,229 @@
+import type { IncomingRequest } from './adapter-contract.js';
+import { type BodyCipher, bodyCipher, type EncryptionKey } from './crypto.js';
+import { type Duration, toMs } from './duration.js';
+import { ConfigError, type IdempotencyError } from './errors.js';
+import type { FingerprintBody } from './fingerprint.js';
+import type { KeyBounds } from './key.js';
+import { credentialScope } from './scope.js';
+import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
+
+/** Response headers replayed by default; everything else (set-cookie, date, …) is never stored. */
+export const DEFAULT_REPLAY_HEADERS = [
+  'content-type',
+  'location',
+  'content-location',
+  'etag',
+  'last-modified',
+  'link',
+  // A body captured after compression is stored compressed: its replay needs the encoding.
+  'content-encoding',
+  'vary',
+] as const;
+
+/** Headers that never reach storage, whatever the allowlist says. */
+const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);
+
+// Answers to requests that were never accepted: saving them would make the corrected request,
+// sent with the same key, a 409 for the whole retention window (Stripe does not save them either).
+const NOT_ACCEPTED = new Set([400, 413, 415, 422, 429]);
+
+/** `storeStatus`'s default: every status below 500 except 400, 413, 415, 422 and 429. */
+export function defaultStoreStatus(status: number): boolean {
+  return status < 500 && !NOT_ACCEPTED.has(status);
+}
+
+/**
+ * Options of `createIdempotency`. Every duration is ms or a string like `'30s'`, `'7d'`.
+ * @typeParam Req the framework's request, handed to `scope`.
+ */
+export interface IdempotencyOptions<Req = unknown> {
+  /** Where records live: `memoryStore()`, `sqliteStore()`, `postgresStore()`, `redisStore()`. */
+  store: IdempotencyStore;
+  /**
+   * `lease`: claim, run, save — at most one concurrent execution; a crash re-runs after the lease.
+   * `atomic`: claim, the handler's own writes (through `ctx.tx`) and the saved response commit in
+   * one database transaction (SQL stores only) — exactly once for writes in that database.
+   * @default 'lease'
+   */
+  mode?: 'lease' | 'atomic';
+  /** Answer 400 when a guarded request has no key. @default false */
+  required?: boolean;
+  /** Methods guarded by keys; the others pass through untouched. @default ['POST', 'PATCH'] */
+  methods?: readonly string[];
+  /** Retention: how long a key replays its response; after that it names a new operation. @default '24h' */
+  ttl?: Duration;
+  /**
+   * How long a claim lasts unless renewed. A running handler renews its claim every third of the
+   * lease, so this bounds how long a crashed process keeps a key (a retry then runs again), not
+   * how long a handler may take. At 10 s a renewal goes out every 3.3 s, so one that fails or
+   * stalls is followed by two more before the claim runs out, while a crash holds the key for
+   * 10 s at most.
+   * @default '10s'
+   */
+  lease?: Duration;
+  /** `wait`: a duplicate of an in-progress request waits for it; `reject`: 409 at once. @default 'wait' */
+  concurrency?: 'wait' | 'reject';
+  /** How long a duplicate waits for the in-progress original before 409 + Retry-After. @default '10s' */
+  wait?: Duration;
+  /** `default`: mismatch is 409 with JSON errors; `ietf`: mismatch is 422 with problem+json. @default 'default' */
+  profile?: 'default' | 'ietf';
+  /**
+   * The authenticated client; the same key from two scopes names two operations.
+   * @default a digest of the `Authorization` header (`credentialScope`); `''` for requests without one
+   */
+  scope?: (req: Req) => string | Promise<string>;
+  /** Maps a parsed JSON body before fingerprinting, e.g. `({ sentAt, ...rest }) => rest`. */
+  fingerprintBody?: FingerprintBody;
+  /** Extra response headers to store and replay, besides the defaults. @default [] */
+  replayHeaders?: readonly string[];
+  /**
+   * Which statuses are saved; the others release the key, so a retry runs again. By default
+   * 5xx are released (the retry may succeed), and so are 400, 413, 415, 422 and 429: the request
+   * was never accepted, and the corrected one may reuse the key. Compose with `defaultStoreStatus`.
+   * @default defaultStoreStatus: status < 500, except 400, 413, 415, 422, 429
+   */
+  storeStatus?: (status: number) => boolean;
+  /** Shortest and longest key accepted. @default 1, 255 */
+  minKeyLength?: number;
+  maxKeyLength?: number;
+  /** Largest request body read, in bytes (413 beyond). @default 1 MiB */
+  maxBodyBytes?: number;
+  /** Largest response kept for replay, in bytes. @default 1 MiB */
+  maxResponseBytes?: number;
+  /** Bound on a single store call, so a stuck database answers 503 instead of hanging. @default '5s' */
+  storeTimeout?: Duration;
+  /**
+   * 32-byte key (Uint8Array or base64) to encrypt stored bodies with AES-256-GCM, or a key ring
+   * `[current, ...previous]`: bodies are encrypted with the first and decrypted with any, so
+   * records written before a rotation still replay. Drop a previous key once `ttl` has passed.
+   */
+  encryptionKey?: EncryptionKey | readonly EncryptionKey[];
+  /** Renders engine errors; return `undefined` to keep the default JSON rendering. */
+  onError?: (error: IdempotencyError) => StoredResponse | undefined;
+}
+
+const MiB = 1024 * 1024;
+
+function positiveInt(option: string, value: number | undefined, fallback: number): number {
+  const resolved = value ?? fallback;
+  if (!Number.isSafeInteger(resolved) || resolved < 1) {
+    throw new ConfigError(`retrysafe: option \`${option}\` must be a positive integer; got ${String(value)}`);
+  }
+  return resolved;
+}
+
+function oneOf<T extends string>(option: string, value: T | undefined, allowed: readonly T[]): T {
+  const resolved = value ?? (allowed[0] as T);
+  if (!allowed.includes(resolved)) {
+    throw new ConfigError(
+      `retrysafe: option \`${option}\` must be one of ${allowed.map((a) => `'${a}'`).join(', ')}; got ${JSON.stringify(value)}`,
+    );
+  }
+  return resolved;
+}
+
+/** The options as the engine runs with them: checked, defaulted, in milliseconds and bytes. */
+export interface ResolvedOptions<Req = unknown> {
+  readonly store: IdempotencyStore;
+  readonly mode: 'lease' | 'atomic';
+  readonly required: boolean;
+  readonly concurrency: 'wait' | 'reject';
+  readonly profile: 'default' | 'ietf';
+  readonly ttlMs: number;
+  readonly leaseMs: number;
+  readonly waitMs: number;
+  readonly storeTimeoutMs: number;
+  readonly bounds: KeyBounds;
+  readonly maxBodyBytes: number;
+  readonly maxResponseBytes: number;
+  readonly methods: ReadonlySet<string>;
+  readonly scopeOf: (request: IncomingRequest<Req>) => string | Promise<string>;
+  readonly fingerprintBody: FingerprintBody | undefined;
+  readonly storeStatus: (status: number) => boolean;
+  /** Lower-case names of the headers stored and replayed. */
+  readonly replayHeaders: ReadonlySet<string>;
+  readonly storedHeaderNames: readonly string[];
+  readonly cipher: BodyCipher | undefined;
+  readonly mismatchStatus: number;
+  readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
+}
+
+/** Checks every option once, at construction, and throws a ConfigError naming the first bad one. */
+export function resolveOptions<Req>(options: IdempotencyOptions<Req>): ResolvedOptions<Req> {
+  const { store } = options ?? ({} as IdempotencyOptions<Req>);
+  if (!store || typeof store.claim !== 'function' || typeof store.complete !== 'function') {
+    throw new ConfigError('retrysafe: option `store` is required and must implement the store contract');
+  }
+  const mode = oneOf('mode', options.mode, ['lease', 'atomic']);
+  if (mode === 'atomic' && !isAtomicStore(store)) {
+    throw new ConfigError(
+      `retrysafe: option \`mode: 'atomic'\` needs a store with transactions; ${store.name} has none`,
+    );
+  }
+  if (mode === 'lease' && typeof store.renew !== 'function') {
+    throw new ConfigError(
+      `retrysafe: ${store.name} store has no \`renew\`, which lease mode needs to keep running handlers' claims`,
+    );
+  }
+  const concurrency = oneOf('concurrency', options.concurrency, ['wait', 'reject']);
+  const profile = oneOf('profile', options.profile, ['default', 'ietf']);
+  const ttlMs = toMs('ttl', options.ttl ?? '24h', { min: 1 });
+  const leaseMs = toMs('lease', options.lease ?? '10s', { min: 1 });
+  if (leaseMs > ttlMs) throw new ConfigError('retrysafe: option `lease` must not exceed `ttl`');
+  const waitMs = toMs('wait', options.wait ?? '10s');
+  const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });
+  const minKeyLength = positiveInt('minKeyLength', options.minKeyLength, 1);
+  const maxKeyLength = positiveInt('maxKeyLength', options.maxKeyLength, 255);
+  if (minKeyLength > maxKeyLength) {
+    throw new ConfigError('retrysafe: option `minKeyLength` must not exceed `maxKeyLength`');
+  }
+  const maxBodyBytes = positiveInt('maxBodyBytes', options.maxBodyBytes, MiB);
+  const maxResponseBytes = positiveInt('maxResponseBytes', options.maxResponseBytes, MiB);
+  if (options.methods !== undefined && !Array.isArray(options.methods)) {
+    throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
+  }
+  const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+  for (const fn of ['scope', 'fingerprintBody', 'storeStatus', 'onError'] as const) {
+    if (options[fn] !== undefined && typeof options[fn] !== 'function') {
+      throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
+    }
+  }
+  const userScope = options.scope;
+  const scopeOf = userScope
+    ? (request: IncomingRequest<Req>) => userScope(request.raw)
+    : (request: IncomingRequest<Req>) => credentialScope(request.authorization);
+  const storeStatus = options.storeStatus ?? defaultStoreStatus;
+  const replayHeaders = new Set(
+    [...DEFAULT_REPLAY_HEADERS, ...(options.replayHeaders ?? [])].map((h) => h.toLowerCase()),
+  );
+  for (const header of NEVER_STORED) replayHeaders.delete(header);
+  const storedHeaderNames = [...replayHeaders];
+  const cipher: BodyCipher | undefined =
+    options.encryptionKey === undefined ? undefined : bodyCipher(options.encryptionKey);
+  const bounds = { minLength: minKeyLength, maxLength: maxKeyLength };
+  const mismatchStatus = profile === 'ietf' ? 422 : 409;
+
+  return Object.freeze({
+    store,
+    mode,
+    required: options.required ?? false,
+    concurrency,
+    profile,
+    ttlMs,
+    leaseMs,
+    waitMs,
+    storeTimeoutMs,
+    bounds,
+    maxBodyBytes,
+    maxResponseBytes,
+    methods,
+    scopeOf,
+    fingerprintBody: options.fingerprintBody,
+    storeStatus,
+    replayHeaders,
+    storedHeaderNames,
+    cipher,
+    mismatchStatus,
+    onError: options.onError,
+  });
+}

@@ -1,0 +1,115 @@
+import { ErrorCode, IdempotencyError } from './errors.js';
+import type { ResolvedOptions } from './options.js';
+import type { StoredResponse } from './types.js';
+
+export const REPLAYED_HEADER = 'idempotency-replayed';
+
+// A duplicate polls no slower than this while it waits, so a missed notification costs little.
+export const MAX_WAIT_SLICE_MS = 1000;
+
+type Shaping = Pick<
+  ResolvedOptions,
+  'replayHeaders' | 'cipher' | 'mismatchStatus' | 'profile' | 'onError' | 'maxBodyBytes' | 'maxResponseBytes'
+>;
+
+export function toStored(config: Shaping, response: StoredResponse): StoredResponse {
+  const headers: Record<string, string> = {};
+  for (const [name, value] of Object.entries(response.headers)) {
+    const lower = name.toLowerCase();
+    if (config.replayHeaders.has(lower)) headers[lower] = value;
+  }
+  return {
+    status: response.status,
+    headers,
+    body: config.cipher ? config.cipher.seal(response.body) : response.body,
+  };
+}
+
+export function toReplay(config: Shaping, stored: StoredResponse): StoredResponse {
+  return {
+    status: stored.status,
+    headers: { ...stored.headers, [REPLAYED_HEADER]: 'true' },
+    body: config.cipher ? config.cipher.open(stored.body) : stored.body,
+  };
+}
+
+export function storeDown(cause: unknown, key: string): IdempotencyError {
+  return new IdempotencyError(
+    503,
+    ErrorCode.storeUnavailable,
+    'The idempotency store is unavailable; the request was not processed. Retry with the same key.',
+    { 'retry-after': '1' },
+    key,
+    { cause },
+  );
+}
+
+export function replayUnreadable(cause: unknown, key: string): IdempotencyError {
+  return new IdempotencyError(
+    500,
+    ErrorCode.replayUnreadable,
+    'The stored response for this key cannot be decrypted with the configured encryptionKey.',
+    {},
+    key,
+    { cause },
+  );
+}
+
+export const conflict = (config: Shaping, key: string) =>
+  new IdempotencyError(
+    config.mismatchStatus,
+    ErrorCode.keyConflict,
+    'This Idempotency-Key was already used with a different request (method, path or body).',
+    {},
+    key,
+  );
+
+export const inProgress = (key: string, retryAfterMs: number) =>
+  new IdempotencyError(
+    409,
+    ErrorCode.inProgress,
+    'A request with this Idempotency-Key is still being processed. Retry later with the same key.',
+    { 'retry-after': String(Math.max(1, Math.ceil(Math.min(retryAfterMs, MAX_WAIT_SLICE_MS) / 1000))) },
+    key,
+  );
+
+export const keyMissing = () =>
+  new IdempotencyError(400, ErrorCode.keyMissing, 'This endpoint requires an Idempotency-Key header.');
+
+export const keyInvalid = (reason: string) => new IdempotencyError(400, ErrorCode.keyInvalid, reason);
+
+export const responseTooLarge = (config: Shaping, key: string) =>
+  new IdempotencyError(
+    500,
+    ErrorCode.responseTooLarge,
+    `The response exceeded maxResponseBytes (${config.maxResponseBytes}); the operation was rolled back.`,
+    {},
+    key,
+  );
+
+export const bodyTooLarge = (config: Shaping) =>
+  new IdempotencyError(413, ErrorCode.bodyTooLarge, `The request body exceeds ${config.maxBodyBytes} bytes.`);
+
+/** The HTTP response for an engine error: `onError`'s, or JSON (`ietf`: problem+json). */
+export function render(config: Shaping, error: IdempotencyError): StoredResponse {
+  const custom = config.onError?.(error);
+  if (custom) return custom;
+  if (config.profile === 'ietf') {
+    const problem = { type: `about:blank`, title: error.code, status: error.status, detail: error.message };
+    return {
+      status: error.status,
+      headers: { ...error.headers, 'content-type': 'application/problem+json' },
+      body: Buffer.from(JSON.stringify(problem)),
+    };
+  }
+  const payload = {
+    error: error.code,
+    message: error.message,
+    ...(error.key === undefined ? {} : { key: error.key }),
+  };
+  return {
+    status: error.status,
+    headers: { ...error.headers, 'content-type': 'application/json; charset=utf-8' },
+    body: Buffer.from(JSON.stringify(payload)),
+  };
+}
