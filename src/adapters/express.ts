@@ -106,7 +106,7 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
   };
 }
 
-async function bodyOf(req: Request, engine: Idempotency<Request, unknown>): Promise<Uint8Array> {
+function bodyOf(req: Request, engine: Idempotency<Request, unknown>): Uint8Array | Promise<Uint8Array> {
   // A body parser mounted earlier consumed the stream (Express 5 leaves it ended, body-parser 1
   // sets `_body`): fingerprint what it parsed. JSON is canonicalised, so re-serialising is exact.
   if (req.readableEnded || (req as { _body?: boolean })._body) {
@@ -114,6 +114,10 @@ async function bodyOf(req: Request, engine: Idempotency<Request, unknown>): Prom
     if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
     return bytes;
   }
+  return readUnparsed(req, engine);
+}
+
+async function readUnparsed(req: Request, engine: Idempotency<Request, unknown>): Promise<Uint8Array> {
   let body: Buffer;
   try {
     body = await readBody(req, engine.maxBodyBytes);

@@ -171,7 +171,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
           keyHeader: request.headers['idempotency-key'],
           contentType: request.headers['content-type'],
           authorization: request.headers.authorization,
-          readBody: async () => {
+          readBody: () => {
             const raw = bodies.get(request);
             if (raw === undefined) return new Uint8Array(0);
             if (raw.overflow) throw engine.bodyTooLarge();

@@ -61,7 +61,7 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
             keyHeader: keyHeaderOf(req),
             contentType: req.headers['content-type'],
             authorization: req.headers.authorization,
-            readBody: async () => body,
+            readBody: () => body,
             raw: req,
           },
           (ctx) => {

@@ -15,7 +15,7 @@ export interface IncomingRequest<Req = unknown> {
   /** The `Authorization` header, for the default `scope`. */
   authorization: string | undefined;
   /** Reads the body; called at most once and only for guarded requests. */
-  readBody: () => Promise<Uint8Array>;
+  readBody: () => Uint8Array | Promise<Uint8Array>;
   /** The framework's request, handed to `scope`. */
   raw: Req;
 }

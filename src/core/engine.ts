@@ -40,6 +40,8 @@ export type {
 export { DEFAULT_REPLAY_HEADERS, defaultStoreStatus, type IdempotencyOptions } from './options.js';
 export { REPLAYED_HEADER } from './responses.js';
 
+const PASS: Outcome = Object.freeze({ kind: 'pass' });
+
 /**
  * Creates the engine adapters wrap. Options are checked here, once.
  * @example
@@ -97,8 +99,13 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   const leases = leaseKeeper(store, leaseMs);
 
   async function release(claim: ClaimInput, token: string): Promise<void> {
-    const released = await guard(store.release(claim.scope, claim.key, token)).catch(() => undefined);
-    if (released === false) reportLostLease(store.name, claim.key, 'release');
+    let released: boolean;
+    try {
+      released = await guard(store.release(claim.scope, claim.key, token));
+    } catch {
+      return;
+    }
+    if (!released) reportLostLease(store.name, claim.key, 'release');
   }
 
   async function runLeased(
@@ -122,7 +129,12 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       const stored = toStored(config, response);
       // A failed save leaves the record in progress until its lease passes: retries wait or get
       // 409 rather than running the work a second time while this response is on its way.
-      const saved = await guard(store.complete(claim.scope, claim.key, token, stored)).catch(() => undefined);
+      let saved: boolean | undefined;
+      try {
+        saved = await guard(store.complete(claim.scope, claim.key, token, stored));
+      } catch {
+        saved = undefined;
+      }
       if (saved === false) return answerLate(claim, response, stored);
     } else {
       await release(claim, token);
@@ -216,10 +228,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     request: IncomingRequest<Req>,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
   ): Promise<Outcome> {
-    if (!methods.has(request.method.toUpperCase())) return { kind: 'pass' };
+    if (!methods.has(request.method.toUpperCase())) return PASS;
     const parsed = parseIdempotencyKey(request.keyHeader, bounds);
     if (parsed.ok === 'absent') {
-      if (!config.required) return { kind: 'pass' };
+      if (!config.required) return PASS;
       return { kind: 'rejected', error: keyMissing() };
     }
     if (!parsed.ok) {
@@ -228,13 +240,15 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     const { key } = parsed;
     let body: Uint8Array;
     try {
-      body = await request.readBody();
+      const read = request.readBody();
+      body = read instanceof Uint8Array ? read : await read;
     } catch (error) {
       if (isIdempotencyError(error)) return { kind: 'rejected', error };
       throw error;
     }
+    const scoped = scopeOf(request);
     const claim: ClaimInput = {
-      scope: await scopeOf(request),
+      scope: typeof scoped === 'string' ? scoped : await scoped,
       key,
       fingerprint: fingerprint(
         { method: request.method, path: request.path, contentType: request.contentType, body },

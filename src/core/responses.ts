@@ -14,9 +14,9 @@ type Shaping = Pick<
 
 export function toStored(config: Shaping, response: StoredResponse): StoredResponse {
   const headers: Record<string, string> = {};
-  for (const [name, value] of Object.entries(response.headers)) {
+  for (const name of Object.keys(response.headers)) {
     const lower = name.toLowerCase();
-    if (config.replayHeaders.has(lower)) headers[lower] = value;
+    if (config.replayHeaders.has(lower)) headers[lower] = response.headers[name] as string;
   }
   return {
     status: response.status,
