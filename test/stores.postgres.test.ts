@@ -229,6 +229,35 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       expect((await first).outcome).toBe('executed');
     });
 
+    it('saves any bytes and headers with the commit, and replays them byte for byte', async () => {
+      const body = Uint8Array.from({ length: 512 }, (_, i) => i % 256);
+      const headers = { 'content-type': 'text/x-it\'s \\ "quoted" 😀', etag: 'W/"e\\0"' };
+      const result = await store.atomic(input('a6'), async () => ({
+        response: { status: 201, headers, body },
+        commit: true,
+      }));
+      expect(result).toMatchObject({ outcome: 'executed', committed: true });
+      const replay = await store.claim(input('a6'));
+      expect(replay.outcome === 'replay' && replay.response).toEqual({
+        status: 201,
+        headers,
+        body: Buffer.from(body),
+      });
+    });
+
+    it('work that outlives the record commits nothing, its own writes included', async () => {
+      await expect(
+        store.atomic({ ...input('a7'), leaseMs: 50, ttlMs: 50 }, async (tx) => {
+          await tx.query(`INSERT INTO "${schema}".effect VALUES ('a7')`);
+          await sleep(150);
+          return { response: response('late'), commit: true };
+        }),
+      ).rejects.toThrow('the atomic claim was lost before commit');
+      expect(await effects('a7')).toBe(0);
+      const { rowCount } = await admin.query(`SELECT 1 FROM "${schema}".idempotency_keys WHERE key = 'a7'`);
+      expect(rowCount).toBe(0);
+    });
+
     it('a duplicate proceeds when the first rolls back; commit:false and throws leave nothing', async () => {
       const rolledBack = await store.atomic(input('a3'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
