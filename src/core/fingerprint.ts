@@ -1,5 +1,6 @@
-import crypto from 'node:crypto';
+import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
+import { sha256 } from './sha256.js';
 
 /** The parts of a request that decide whether a retry is the same request. */
 export interface FingerprintInput {
@@ -38,17 +39,11 @@ export function fingerprint(input: FingerprintInput, mapBody?: FingerprintBody):
   const head = `${input.method.toUpperCase()}\n${originForm(input.path)}\n`;
   const canonical =
     input.contentType && JSON_TYPE.test(input.contentType) ? canonicalJson(input.body, mapBody) : undefined;
-  if (canonical !== undefined) return sha256Hex(`${head}json\n${canonical}`);
+  if (canonical !== undefined) return sha256(`${head}json\n${canonical}`, 'hex');
   // The byte domain starts with a NUL, which no method (an HTTP token) contains, so a body hashed
   // as bytes never collides with a canonical one, whatever the path holds.
-  return crypto.createHash('sha256').update(`\0bytes\n${head}`).update(input.body).digest('hex');
+  return createHash('sha256').update(`\0bytes\n${head}`).update(input.body).digest('hex');
 }
-
-// The one-shot hash (Node 20.12+) costs half of a Hash object's create, update and digest.
-const sha256Hex: (text: string) => string =
-  typeof crypto.hash === 'function'
-    ? (text) => crypto.hash('sha256', text, 'hex')
-    : (text) => crypto.createHash('sha256').update(text).digest('hex');
 
 /** `http://host/loans?x=1` → `/loans?x=1`; origin-form is kept as sent, since routers see it so. */
 function originForm(target: string): string {

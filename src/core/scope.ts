@@ -1,4 +1,4 @@
-import { createHash } from 'node:crypto';
+import { sha256 } from './sha256.js';
 
 /**
  * A scope naming one caller by a credential (an `Authorization` value, an API key) without keeping
@@ -12,5 +12,5 @@ import { createHash } from 'node:crypto';
  */
 export function credentialScope(credential: string | undefined): string {
   if (credential === undefined) return '';
-  return `sha256:${createHash('sha256').update(credential).digest('base64url')}`;
+  return `sha256:${sha256(credential, 'base64url')}`;
 }
