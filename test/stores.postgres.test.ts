@@ -208,6 +208,45 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       expect(await effects('a2')).toBe(1);
     });
 
+    // The duplicates of a hot key queued for the pool's clients while the first held one, and a
+    // queue wait past the pool's connect timeout answered 503 (seen under 1,000 duplicates).
+    it('a hot key on a small pool: 300 concurrent duplicates replay the one commit', async () => {
+      const own = postgresStore({
+        connectionString: PG_URL,
+        schema,
+        maxConnections: 2,
+        connectTimeoutMs: 250,
+      });
+      let runs = 0;
+      const work = async (tx: pg.PoolClient) => {
+        runs++;
+        await tx.query(`INSERT INTO "${schema}".effect VALUES ('hot')`);
+        // Longer than the connect timeout: a duplicate queued for a client meanwhile times out.
+        await sleep(750);
+        return { response: response('first'), commit: true };
+      };
+      try {
+        const results = await Promise.allSettled(
+          Array.from({ length: 300 }, () => own.atomic(input('hot'), work)),
+        );
+        const shapes = results.map((r) =>
+          r.status === 'rejected'
+            ? `rejected: ${(r.reason as Error).message}`
+            : r.value.outcome === 'executed' || r.value.outcome === 'replay'
+              ? `ok: ${new TextDecoder().decode(r.value.response.body)}`
+              : r.value.outcome,
+        );
+        expect(new Set(shapes)).toEqual(new Set(['ok: first']));
+        expect(
+          results.filter((r) => r.status === 'fulfilled' && r.value.outcome === 'executed'),
+        ).toHaveLength(1);
+        expect(runs).toBe(1);
+        expect(await effects('hot')).toBe(1);
+      } finally {
+        await own.close();
+      }
+    }, 30_000);
+
     it('a duplicate blocked longer than its lease answers in_progress without running', async () => {
       const { promise: gate, resolve: release } = signal();
       const { promise: inside, resolve: entered } = signal();

@@ -356,6 +356,13 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
   }
 
   const waiters = new Waiters();
+  /**
+   * Atomic calls running in this process, by key: a duplicate waits here for the one ahead of it
+   * instead of queueing for a pool client, which a hot key would exhaust (queued past the pool's
+   * connect timeout, duplicates failed). It settles with what a duplicate would read back: the
+   * committed (or replayed) fingerprint and response, or undefined when nothing was committed.
+   */
+  const inFlight = new Map<string, Promise<Settled | undefined>>();
   let listener: Promise<pg.Client> | undefined;
   let closed = false;
 
@@ -499,100 +506,31 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       return rowCount === 1;
     },
 
-    async atomic(
-      input: ClaimInput,
-      work: (tx: pg.PoolClient) => Promise<AtomicWorkResult>,
-    ): Promise<AtomicResult> {
-      // A connection that dies between our queries (while the handler awaits something else)
-      // would otherwise emit an unhandled 'error'; the next query on it rejects instead.
-      let broken: Error | undefined;
-      const onError = (error: Error) => {
-        broken = error;
-      };
-      // Listening from pg's own callback, not after `await pool.connect()`: a backend terminated
-      // just after startup sends its FATAL in the same read as ReadyForQuery, and pg emits it on
-      // the client in the tick it hands the client out, before an awaiting caller resumes.
-      const client = await new Promise<pg.PoolClient>((resolve, reject) => {
-        pool.connect((error, connected) => {
-          if (error || !connected) return reject(error);
-          connected.on('error', onError);
-          resolve(connected);
-        });
-      });
+    async atomic(input, work) {
+      // A key cannot hold a NUL byte, so the first one ends it.
+      const id = `${input.key}\0${input.scope}`;
+      const deadline = Date.now() + (input.waitMs ?? input.leaseMs);
+      for (let ahead = inFlight.get(id); ahead; ahead = inFlight.get(id)) {
+        const settled = await within(ahead, deadline - Date.now());
+        if (settled === TIMED_OUT) return { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
+        if (settled) {
+          return settled.fingerprint === input.fingerprint
+            ? { outcome: 'replay', response: settled.response }
+            : { outcome: 'mismatch' };
+        }
+      }
+      let settle!: (settled: Settled | undefined) => void;
+      inFlight.set(id, new Promise((resolve) => (settle = resolve)));
+      let settled: Settled | undefined;
       try {
-        const waitMs = Math.max(1, Math.ceil(input.waitMs ?? input.leaseMs));
-        const timeoutMs = Math.max(1, Math.ceil(input.timeoutMs ?? statementTimeoutMs));
-        await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
-        // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
-        // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
-        // in_progress. Anything else it waits on (the key table locked, a stuck server) is
-        // `timeoutMs`, then statement_timeout fails the call. The table lock is taken first, under
-        // statement_timeout alone, so that a locked table is never mistaken for a duplicate. A
-        // simple query may hold several statements: the first one also opens the transaction.
-        const BEGIN = `BEGIN; SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = ${timeoutMs};
-          LOCK TABLE ${qualified} IN ROW EXCLUSIVE MODE; `;
-        let begin = BEGIN;
-        const query: ClaimQuery = async (take, values) => {
-          const text = `${begin}SET LOCAL lock_timeout = ${waitMs};
-            SET LOCAL statement_timeout = ${waitMs + timeoutMs};
-            EXECUTE ${(take ? ATOMIC.takeOver : ATOMIC.claim).name}(${literals(values)});
-            SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT`;
-          begin = '';
-          try {
-            // The client-side guard, for a network that stopped answering: safe at any moment,
-            // since nothing commits without our COMMIT and the connection is then discarded.
-            const results = (await client.query({
-              text,
-              query_timeout: waitMs + timeoutMs,
-            } as pg.QueryConfig)) as unknown as pg.QueryResult<RecordRow>[];
-            return results[results.length - 3]!;
-          } catch (error) {
-            if ((error as { code?: string }).code === undefined) broken ??= error as Error;
-            throw error;
-          }
-        };
-        let claimed: ClaimResult;
-        try {
-          claimed = await claimWith(query, input).catch(async (error) => {
-            // DISCARD ALL or DEALLOCATE (the app, a pooler) dropped our statements: prepare again, once.
-            if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
-            await client.query('ROLLBACK');
-            preparedOn.delete(client);
-            await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
-            begin = BEGIN;
-            return claimWith(query, input);
-          });
-        } catch (error) {
-          if ((error as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw error;
-          claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
+        const result = await atomicOnClient({ ...input, waitMs: Math.max(0, deadline - Date.now()) }, work);
+        if (result.outcome === 'replay' || (result.outcome === 'executed' && result.committed)) {
+          settled = { fingerprint: input.fingerprint, response: result.response };
         }
-        if (claimed.outcome !== 'acquired') {
-          await client.query('ROLLBACK');
-          return claimed;
-        }
-        const result = await work(client);
-        if (!result.commit) {
-          await client.query('ROLLBACK');
-          return { outcome: 'executed', response: result.response, committed: false };
-        }
-        const values = completeValues(input.scope, input.key, claimed.token, result.response);
-        try {
-          await client.query(`EXECUTE ${ATOMIC.complete.name}(${literals(values)}); COMMIT`);
-        } catch (error) {
-          if ((error as { code?: string }).code !== DIVISION_BY_ZERO) throw error;
-          throw new Error('postgresStore: the atomic claim was lost before commit', { cause: error });
-        }
-        return { outcome: 'executed', response: result.response, committed: true };
-      } catch (error) {
-        if (!broken) {
-          await client.query('ROLLBACK').catch((rollbackError: Error) => {
-            broken ??= rollbackError;
-          });
-        }
-        throw error;
+        return result;
       } finally {
-        client.off('error', onError);
-        client.release(broken);
+        inFlight.delete(id);
+        settle(settled);
       }
     },
 
@@ -605,4 +543,120 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
       if (ownsPool) await pool.end();
     },
   };
+
+  async function atomicOnClient(
+    input: ClaimInput,
+    work: (tx: pg.PoolClient) => Promise<AtomicWorkResult>,
+  ): Promise<AtomicResult> {
+    // A connection that dies between our queries (while the handler awaits something else)
+    // would otherwise emit an unhandled 'error'; the next query on it rejects instead.
+    let broken: Error | undefined;
+    const onError = (error: Error) => {
+      broken = error;
+    };
+    // Listening from pg's own callback, not after `await pool.connect()`: a backend terminated
+    // just after startup sends its FATAL in the same read as ReadyForQuery, and pg emits it on
+    // the client in the tick it hands the client out, before an awaiting caller resumes.
+    const client = await new Promise<pg.PoolClient>((resolve, reject) => {
+      pool.connect((error, connected) => {
+        if (error || !connected) return reject(error);
+        connected.on('error', onError);
+        resolve(connected);
+      });
+    });
+    try {
+      const waitMs = Math.max(1, Math.ceil(input.waitMs ?? input.leaseMs));
+      const timeoutMs = Math.max(1, Math.ceil(input.timeoutMs ?? statementTimeoutMs));
+      await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
+      // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
+      // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
+      // in_progress. Anything else it waits on (the key table locked, a stuck server) is
+      // `timeoutMs`, then statement_timeout fails the call. The table lock is taken first, under
+      // statement_timeout alone, so that a locked table is never mistaken for a duplicate. A
+      // simple query may hold several statements: the first one also opens the transaction.
+      const BEGIN = `BEGIN; SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = ${timeoutMs};
+          LOCK TABLE ${qualified} IN ROW EXCLUSIVE MODE; `;
+      let begin = BEGIN;
+      const query: ClaimQuery = async (take, values) => {
+        const text = `${begin}SET LOCAL lock_timeout = ${waitMs};
+            SET LOCAL statement_timeout = ${waitMs + timeoutMs};
+            EXECUTE ${(take ? ATOMIC.takeOver : ATOMIC.claim).name}(${literals(values)});
+            SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT`;
+        begin = '';
+        try {
+          // The client-side guard, for a network that stopped answering: safe at any moment,
+          // since nothing commits without our COMMIT and the connection is then discarded.
+          const results = (await client.query({
+            text,
+            query_timeout: waitMs + timeoutMs,
+          } as pg.QueryConfig)) as unknown as pg.QueryResult<RecordRow>[];
+          return results[results.length - 3]!;
+        } catch (error) {
+          if ((error as { code?: string }).code === undefined) broken ??= error as Error;
+          throw error;
+        }
+      };
+      let claimed: ClaimResult;
+      try {
+        claimed = await claimWith(query, input).catch(async (error) => {
+          // DISCARD ALL or DEALLOCATE (the app, a pooler) dropped our statements: prepare again, once.
+          if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
+          await client.query('ROLLBACK');
+          preparedOn.delete(client);
+          await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
+          begin = BEGIN;
+          return claimWith(query, input);
+        });
+      } catch (error) {
+        if ((error as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw error;
+        claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
+      }
+      if (claimed.outcome !== 'acquired') {
+        await client.query('ROLLBACK');
+        return claimed;
+      }
+      const result = await work(client);
+      if (!result.commit) {
+        await client.query('ROLLBACK');
+        return { outcome: 'executed', response: result.response, committed: false };
+      }
+      const values = completeValues(input.scope, input.key, claimed.token, result.response);
+      try {
+        await client.query(`EXECUTE ${ATOMIC.complete.name}(${literals(values)}); COMMIT`);
+      } catch (error) {
+        if ((error as { code?: string }).code !== DIVISION_BY_ZERO) throw error;
+        throw new Error('postgresStore: the atomic claim was lost before commit', { cause: error });
+      }
+      return { outcome: 'executed', response: result.response, committed: true };
+    } catch (error) {
+      if (!broken) {
+        await client.query('ROLLBACK').catch((rollbackError: Error) => {
+          broken ??= rollbackError;
+        });
+      }
+      throw error;
+    } finally {
+      client.off('error', onError);
+      client.release(broken);
+    }
+  }
+}
+
+interface Settled {
+  fingerprint: string;
+  response: StoredResponse;
+}
+
+const TIMED_OUT = Symbol('timed out');
+
+/** `promise`'s value, or TIMED_OUT once `ms` have passed first. */
+function within<T>(promise: Promise<T>, ms: number): Promise<T | typeof TIMED_OUT> {
+  if (ms <= 0) return Promise.resolve(TIMED_OUT);
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  return Promise.race([
+    promise,
+    new Promise<typeof TIMED_OUT>((resolve) => {
+      timer = setTimeout(resolve, ms, TIMED_OUT);
+    }),
+  ]).finally(() => clearTimeout(timer));
 }
