@@ -265,7 +265,9 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     return statement;
   }
 
-  const claimTransaction = db.transaction((input: ClaimInput): ClaimResult => {
+  // Run inside a write transaction: the insert and the read of the row it collided with then see
+  // one state even across processes.
+  function claimIn(input: ClaimInput): ClaimResult {
     const nowMs = Date.now();
     const token = newToken();
     const inserted = claimStatement.get({
@@ -279,7 +281,9 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     });
     if (inserted?.token === token) return { outcome: 'acquired', token };
     return existing(selectRecord.get(input.scope, input.key)!, input, nowMs);
-  });
+  }
+  // Inside an open transaction (of the application, or a claim from inside `atomic`'s work) a savepoint.
+  const claimTransaction = db.transaction(claimIn);
 
   function existing(row: RecordRow, input: ClaimInput, nowMs: number): Settled {
     if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
@@ -312,28 +316,60 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     Date.now() + Math.min(configuredBusyMs, timeoutMs ?? Number.POSITIVE_INFINITY);
 
   /**
-   * Runs `fn`, which takes the write lock, trying again on `SQLITE_BUSY` until `deadlineMs`. The
-   * wait is ours, not better-sqlite3's: its busy handler sleeps synchronously, stalling every
-   * request of this process (reads included) behind one that waits for another process's lock.
+   * Runs `attempt`, which takes the write lock without waiting for it, again on `SQLITE_BUSY` until
+   * `deadlineMs`. The wait is ours, not better-sqlite3's: its busy handler sleeps synchronously,
+   * stalling every request of this process (reads included) behind one that waits for another
+   * process's lock.
    */
-  async function whenUnlocked<T>(deadlineMs: number, fn: () => T): Promise<T> {
+  async function whenUnlocked<T>(deadlineMs: number, attempt: () => T): Promise<T> {
     for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, MAX_LOCK_RETRY_MS)) {
-      db.pragma('busy_timeout = 0');
       try {
-        return fn();
+        return attempt();
       } catch (error) {
         if ((error as { code?: string }).code !== 'SQLITE_BUSY' || Date.now() >= deadlineMs) throw error;
-      } finally {
-        db.pragma(`busy_timeout = ${configuredBusyMs}`);
       }
       await sleep(Math.max(1, Math.min(pauseMs, deadlineMs - Date.now())));
     }
   }
 
-  // IMMEDIATE takes the write lock first, so the insert and the read of the row it collided with
-  // see one state even across processes. Inside an open transaction this is a savepoint.
-  function claimNow(input: ClaimInput): ClaimResult {
-    return claimTransaction.immediate(input);
+  // SQLite applies busy_timeout when it prepares the PRAGMA, so neither can be a cached statement;
+  // one exec with the BEGIN costs one call instead of three.
+  const restoreBusy = `PRAGMA busy_timeout = ${configuredBusyMs}`;
+  const beginUnlocked = `PRAGMA busy_timeout = 0; BEGIN IMMEDIATE; ${restoreBusy}`;
+
+  /** `BEGIN IMMEDIATE` without SQLite's synchronous wait for the lock (for {@link whenUnlocked}). */
+  function beginImmediate(): void {
+    try {
+      db.exec(beginUnlocked);
+    } catch (error) {
+      db.exec(restoreBusy);
+      throw error;
+    }
+  }
+
+  /** Runs `fn` without SQLite's synchronous wait for the lock (for {@link whenUnlocked}). */
+  function withoutBusyWait<T>(fn: () => T): () => T {
+    return () => {
+      db.exec('PRAGMA busy_timeout = 0');
+      try {
+        return fn();
+      } finally {
+        db.exec(restoreBusy);
+      }
+    };
+  }
+
+  /** `fn` in a write transaction of its own, taken once the lock is free. */
+  async function inOwnTransaction<T>(deadlineMs: number, fn: () => T): Promise<T> {
+    await whenUnlocked(deadlineMs, beginImmediate);
+    try {
+      const value = fn();
+      db.exec('COMMIT');
+      return value;
+    } catch (error) {
+      if (db.inTransaction) db.exec('ROLLBACK');
+      throw error;
+    }
   }
 
   function completeNow(scope: string, key: string, token: string, response: StoredResponse): boolean {
@@ -375,7 +411,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
       const commitSql = savepoint ? `RELEASE ${savepoint}` : 'COMMIT';
       const rollbackSql = savepoint ? `ROLLBACK TO ${savepoint}; RELEASE ${savepoint}` : 'ROLLBACK';
       if (savepoint) db.exec(`SAVEPOINT ${savepoint}`);
-      else await whenUnlocked(deadlineMs, () => db.exec('BEGIN IMMEDIATE'));
+      else await whenUnlocked(deadlineMs, beginImmediate);
       const frame: Frame = { open: true, queue: new SerialQueue() };
       try {
         const { value, commit } = await frames.run(frame, () => fn(db));
@@ -410,7 +446,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     holding.add(id);
     try {
       return await runTransaction<AtomicResult>(async (connection) => {
-        const claimed = claimNow(input);
+        const claimed = claimIn(input);
         if (claimed.outcome !== 'acquired') return { value: claimed, commit: false };
         const { response, commit } = await work(connection);
         if (commit && !completeNow(input.scope, input.key, claimed.token, response)) {
@@ -429,7 +465,14 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     const completed = completedNow(input);
     if (completed) return Promise.resolve(completed);
     const deadlineMs = lockDeadlineMs(input.timeoutMs);
-    return exclusive(() => whenUnlocked(deadlineMs, () => claimNow(input)));
+    return exclusive(() =>
+      db.inTransaction
+        ? whenUnlocked(
+            deadlineMs,
+            withoutBusyWait(() => claimTransaction.immediate(input)),
+          )
+        : inOwnTransaction(deadlineMs, () => claimIn(input)),
+    );
   }
 
   async function complete(scope: string, key: string, token: string, response: StoredResponse) {
@@ -450,10 +493,15 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   function renew(scope: string, key: string, token: string, leaseMs: number) {
     const deadlineMs = lockDeadlineMs();
     return exclusive(() =>
-      whenUnlocked(deadlineMs, () => {
-        const nowMs = Date.now();
-        return renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1;
-      }),
+      whenUnlocked(
+        deadlineMs,
+        withoutBusyWait(() => {
+          const nowMs = Date.now();
+          return (
+            renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1
+          );
+        }),
+      ),
     );
   }
 
