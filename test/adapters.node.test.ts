@@ -81,6 +81,7 @@ describe('node specifics', () => {
   const store = memoryStore();
   let app: RunningApp;
   let calls = 0;
+  let flushedEarly = false;
   beforeAll(async () => {
     const guard = idempotency({ store });
     app = await listen(
@@ -92,6 +93,7 @@ describe('node specifics', () => {
           if (req.url === '/throw-after-headers') throw new Error('boom');
           res.statusCode = 201;
           res.flushHeaders();
+          flushedEarly ||= res.headersSent;
           res.write('early ');
           await sleep(5);
           res.end(`late ${calls}`);
@@ -128,6 +130,7 @@ describe('node specifics', () => {
   it('flushHeaders() does not send the status before the response is saved', async () => {
     const first = await post('/flush', 'flush-1');
     expect([first.status, await first.text()]).toEqual([201, 'early late 1']);
+    expect(flushedEarly).toBe(false);
     const replay = await post('/flush', 'flush-1');
     expect(replay.headers.get('idempotency-replayed')).toBe('true');
     expect(await replay.text()).toBe('early late 1');
