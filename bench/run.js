@@ -39,7 +39,7 @@ if (!existsSync(path.join(here, 'node_modules'))) {
 }
 
 const { setRunId, CONNECTIONS } = await import('./lib/load.js');
-const { embedInReadme, markdown, writeResults } = await import('./lib/report.js');
+const { embedInPage, markdown, writeResults } = await import('./lib/report.js');
 const { cleanup } = await import('./lib/services.js');
 
 const started = performance.now();
@@ -112,9 +112,9 @@ console.log(`\nwrote ${written.json} and ${written.md} in ${Math.round(results.t
 if (
   !flags.quick &&
   !flags.only &&
-  (await embedInReadme(markdown(results), path.join(here, '..', 'README.md')))
+  (await embedInPage(markdown(results), path.join(here, '..', 'docs', 'benchmarks.md')))
 ) {
-  console.log('updated the benchmarks section of README.md');
+  console.log('updated the benchmarks section of docs/benchmarks.md');
 }
 for (const t of Object.values(results.scenarios).flatMap((s) => s.targets ?? [])) {
   console.log(`${t.met ? 'met   ' : 'MISSED'} ${t.name}: ${t.value} (target ${t.op} ${t.target})`);

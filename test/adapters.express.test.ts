@@ -6,6 +6,7 @@ import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type ExpressIdempotencyOptions, idempotency } from '../src/adapters/express.js';
+import type { Duration } from '../src/core/duration.js';
 import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
@@ -160,7 +161,7 @@ describe('express specifics', () => {
     expect(() => idempotency({ store, renderErrors: 'yes' } as unknown as ExpressIdempotencyOptions)).toThrow(
       ConfigError,
     );
-    expect(() => idempotency({ store, ttl: 'soon' })).toThrow(/`ttl`/);
+    expect(() => idempotency({ store, ttl: 'soon' as Duration })).toThrow(/`ttl`/);
   });
 
   for (const [version, express] of [

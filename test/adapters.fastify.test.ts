@@ -181,3 +181,80 @@ describe('fastify specifics', () => {
     expect(seen.some((s) => s.includes('big-1'))).toBe(false);
   });
 });
+
+describe('registration styles', () => {
+  // The common Fastify style declares routes right after `register`, without awaiting it: the
+  // plugin has not loaded yet when those routes are declared.
+  for (const style of ['awaited', 'not awaited', 'routes declared first'] as const) {
+    it(`guards routes when register is ${style}`, async () => {
+      const app = Fastify();
+      let runs = 0;
+      const route = () =>
+        app.post('/orders', async (_request, reply) => reply.code(201).send({ run: ++runs }));
+      if (style === 'routes declared first') route();
+      const registered = app.register(idempotency, { store: memoryStore(), required: true });
+      if (style === 'awaited') await registered;
+      if (style !== 'routes declared first') route();
+      app.post('/own', { config: { idempotency: { required: false } } }, async () => ({ run: ++runs }));
+      await app.ready();
+      const post = (url: string, key?: string) =>
+        app.inject({ method: 'POST', url, payload: {}, headers: key ? { 'idempotency-key': key } : {} });
+
+      expect((await post('/orders')).statusCode).toBe(400);
+      const first = await post('/orders', 'k-1');
+      const second = await post('/orders', 'k-1');
+      expect(second.headers['idempotency-replayed']).toBe('true');
+      expect(second.body).toBe(first.body);
+      expect((await post('/own')).statusCode).toBe(200);
+      expect(runs).toBe(2);
+      await app.close();
+    });
+  }
+
+  it('is a named fastify-plugin with a Fastify version range', async () => {
+    const meta = (idempotency as unknown as Record<symbol, { name?: string; fastify?: string }>)[
+      Symbol.for('plugin-meta')
+    ];
+    expect(meta).toMatchObject({ name: 'retrysafe', fastify: '5.x' });
+  });
+});
+
+describe('hook order', () => {
+  // An auth check must run before the key is claimed: a refused request then stores nothing, and
+  // the authorised retry with the same key runs. Routes declared after the plugin loaded get their
+  // guard after their own preHandler; routes declared before it (register not awaited) are guarded
+  // from instance hooks, which run before any route hook but after preValidation.
+  for (const [style, hook] of [
+    ['awaited', 'preHandler'],
+    ['not awaited', 'preValidation'],
+  ] as const) {
+    it(`a route's own ${hook} runs before the claim (register ${style})`, async () => {
+      const app = Fastify();
+      const registered = app.register(idempotency, { store: memoryStore(), scope: () => 'tenant' });
+      if (style === 'awaited') await registered;
+      let runs = 0;
+      app.post(
+        '/orders',
+        {
+          [hook]: async (request: FastifyRequest, reply: FastifyReply) => {
+            if (request.headers.authorization !== 'Bearer ok') return reply.code(401).send({ error: 'auth' });
+          },
+        },
+        async (_request, reply) => reply.code(201).send({ run: ++runs }),
+      );
+      await app.ready();
+      const post = (authorization: string) =>
+        app.inject({
+          method: 'POST',
+          url: '/orders',
+          payload: {},
+          headers: { 'idempotency-key': 'k-auth', authorization },
+        });
+      expect((await post('Bearer no')).statusCode).toBe(401);
+      const authorised = await post('Bearer ok');
+      expect(authorised.statusCode).toBe(201);
+      expect(authorised.headers['idempotency-replayed']).toBeUndefined();
+      await app.close();
+    });
+  }
+});

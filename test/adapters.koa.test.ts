@@ -6,6 +6,7 @@ import { bodyParser } from '@koa/bodyparser';
 import Koa3, { type Context, type Middleware } from 'koa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency, type KoaIdempotencyOptions } from '../src/adapters/koa.js';
+import type { Duration } from '../src/core/duration.js';
 import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
@@ -136,7 +137,7 @@ describe('koa specifics', () => {
     expect(() => idempotency({ store, renderErrors: 'yes' } as unknown as KoaIdempotencyOptions)).toThrow(
       ConfigError,
     );
-    expect(() => idempotency({ store, ttl: 'soon' })).toThrow(/`ttl`/);
+    expect(() => idempotency({ store, ttl: 'soon' as Duration })).toThrow(/`ttl`/);
   });
 
   for (const [version, Koa] of [

@@ -2,9 +2,10 @@ import { readFile } from 'node:fs/promises';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import fc from 'fast-check';
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import {
   type AttemptEvent,
+  ConfigError,
   createRetryingFetch,
   isRetryBudgetExceededError,
   parseRetryAfterMs,
@@ -251,7 +252,7 @@ describe('keys', () => {
     expect(seen[0]!.key).toBe('h-1');
     await expect(
       retryingFetch(url, { ...post, headers: { 'Idempotency-Key': 'h-1' }, idempotencyKey: 'h-2' }),
-    ).rejects.toThrow(TypeError);
+    ).rejects.toThrow(ConfigError);
   });
 
   it('each call is a new intent with its own key', async () => {
@@ -382,10 +383,90 @@ describe('property: one key per call, and the first final answer ends it', () =>
   });
 });
 
-it('the client imports nothing but the error base class, so it runs in browsers as in Node', async () => {
-  const client = await readFile(new URL('../src/client/index.ts', import.meta.url), 'utf8');
-  const errors = await readFile(new URL('../src/core/errors.ts', import.meta.url), 'utf8');
-  expect(client.match(/^import .*$/gm)).toEqual(["import { RetrysafeError } from '../core/errors.js';"]);
+it('the client imports nothing but the errors and the option check, so it runs in browsers as in Node', async () => {
+  const source = (path: string) => readFile(new URL(path, import.meta.url), 'utf8');
+  const client = await source('../src/client/index.ts');
+  const options = await source('../src/core/option-names.ts');
+  const errors = await source('../src/core/errors.ts');
+  expect(client.match(/^import .*$/gm)).toEqual([
+    "import { ConfigError, RetrysafeError } from '../core/errors.js';",
+    "import { checkOptions, optionNames } from '../core/option-names.js';",
+  ]);
+  expect(options.match(/^import .*$/gm)).toEqual(["import { ConfigError } from './errors.js';"]);
   expect(errors).not.toMatch(/^import\s/m);
-  for (const source of [client, errors]) expect(source).not.toMatch(/\brequire\(|process\.|Buffer\b/);
+  for (const text of [client, options, errors]) expect(text).not.toMatch(/\brequire\(|process\.|Buffer\b/);
+});
+
+describe('defaults that outlast a server restart within one lease', () => {
+  // The server is down for RESTART_MS (connections refused), then the crashed request's key is
+  // in progress until its lease (the engine's default, 30 s) passes: each retry meanwhile waits
+  // on the server (`wait`, 10 s) and gets 409 + Retry-After: 1; after the lease a retry runs.
+  const RESTART_MS = 3_000;
+  const LEASE_MS = 30_000;
+  const WAIT_MS = 10_000;
+
+  function restartingServer() {
+    const startMs = Date.now();
+    const attempts: number[] = [];
+    const fetch = async (_request: Request, { signal }: { signal: AbortSignal }) => {
+      const at = Date.now() - startMs;
+      attempts.push(at);
+      if (at < RESTART_MS) throw new TypeError('fetch failed', { cause: { code: 'ECONNREFUSED' } });
+      if (at < LEASE_MS) {
+        await new Promise((resolve) => setTimeout(resolve, Math.min(WAIT_MS, LEASE_MS - at)));
+        signal.throwIfAborted();
+        if (Date.now() - startMs < LEASE_MS) {
+          return Response.json(
+            { error: 'request_in_progress' },
+            { status: 409, headers: { 'retry-after': '1' } },
+          );
+        }
+      }
+      return Response.json({ id: 1 }, { status: 201 });
+    };
+    return { fetch, attempts };
+  }
+
+  afterEach(() => {
+    vi.useRealTimers();
+    vi.restoreAllMocks();
+  });
+
+  // Full jitter draws each wait uniformly below the backoff; 0.1 and 0.5 are an unlucky and a
+  // typical draw every time.
+  it.each([0.1, 0.5])('jitter draws %d: the call succeeds', async (draw) => {
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'Date', 'performance'] });
+    vi.spyOn(Math, 'random').mockReturnValue(draw);
+    const server = restartingServer();
+    const call = createRetryingFetch({ fetch: server.fetch })(url, post);
+    const startMs = Date.now();
+    let settledAtMs = 0;
+    const settled = call.then(
+      (response) => response.status,
+      (error: Error) => error.message,
+    );
+    void settled.finally(() => {
+      settledAtMs = Date.now() - startMs;
+    });
+    await vi.advanceTimersByTimeAsync(120_000);
+    expect(await settled).toBe(201);
+    expect(settledAtMs).toBeGreaterThanOrEqual(LEASE_MS);
+  });
+
+  it('maxRetryAfterMs: a longer Retry-After ends the call at once, with the response', async () => {
+    script = [{ status: 503, headers: { 'retry-after': '45' } }];
+    const error = await createRetryingFetch({ ...quick, maxRetryAfterMs: 10_000 })(url, post).catch(
+      (caught: unknown) => caught,
+    );
+    expect(isRetryBudgetExceededError(error)).toBe(true);
+    expect(error).toMatchObject({ reason: 'retryAfter', attempts: 1 });
+    expect((error as RetryBudgetExceededError).lastResponse?.status).toBe(503);
+    expect(seen).toHaveLength(1);
+  });
+
+  it('a Retry-After within maxRetryAfterMs is honoured', async () => {
+    script = [{ status: 503, headers: { 'retry-after': '0' } }];
+    const response = await createRetryingFetch({ ...quick, maxRetryAfterMs: 0 })(url, post);
+    expect(response.status).toBe(201);
+  });
 });

@@ -424,6 +424,24 @@ describe('engine outcomes', () => {
     );
   });
 
+  it('takes the key from a custom extractor, checked as a header value would be', async () => {
+    const idem = engine({ key: (req) => req.token });
+    const handler = counter();
+    const first = await idem.handle(
+      request(undefined, undefined, { raw: { token: 'order-7' } }),
+      handler.run,
+    );
+    const second = await idem.handle(
+      request('ignored', undefined, { raw: { token: 'order-7' } }),
+      handler.run,
+    );
+    expect([first.kind, second.kind]).toEqual(['executed', 'replayed']);
+    expect((await idem.handle(request('k-1'), handler.run)).kind).toBe('pass');
+    const bad = await idem.handle(request(undefined, undefined, { raw: { token: 'a b' } }), handler.run);
+    expect(bad).toMatchObject({ kind: 'rejected', error: { status: 400 } });
+    expect(handler.runs).toBe(1);
+  });
+
   it('maps a 413 thrown by the body reader to a rejection', async () => {
     const idem = engine({ maxBodyBytes: 10 });
     const outcome = await idem.handle(
@@ -446,7 +464,6 @@ describe('engine options', () => {
   it.each([
     [{ ttl: 'forever' }, '`ttl`'],
     [{ ttl: -5 }, '`ttl`'],
-    [{ lease: '2d', ttl: '1d' }, '`lease`'],
     [{ wait: 'soon' }, '`wait`'],
     [{ mode: 'atomic' }, "`mode: 'atomic'`"],
     [{ mode: 'eventually' }, '`mode`'],
@@ -464,6 +481,13 @@ describe('engine options', () => {
     expect(() => engine(bad as Partial<IdempotencyOptions>)).toThrow(name);
   });
 
+  it.each([
+    [{ headerName: 'Idempotency Key' }, '`headerName`'],
+    [{ key: 'query.key' }, '`key`'],
+  ])('rejects %j naming the option', (bad, name) => {
+    expect(() => engine(bad as Partial<IdempotencyOptions>)).toThrow(name);
+  });
+
   it('requires a store', () => {
     expect(() => createIdempotency({} as IdempotencyOptions)).toThrow('`store`');
   });
@@ -474,20 +498,31 @@ describe('engine options', () => {
     expect(() => engine({ store: withoutRenew as IdempotencyStore })).toThrow('`renew`');
   });
 
-  it('claims with a 10 s lease by default', async () => {
-    const inner = memoryStore();
-    const leases: number[] = [];
-    const idem = engine({
-      store: {
-        ...inner,
-        claim: (input) => {
-          leases.push(input.leaseMs);
-          return inner.claim(input);
+  it.each([
+    [{}, 10_000],
+    [{ ttl: '2s' }, 2_000],
+  ] as const)(
+    'claims with a 10 s lease by default, never longer than retention (%j)',
+    async (options, expected) => {
+      const inner = memoryStore();
+      const leases: number[] = [];
+      const idem = engine({
+        ...options,
+        store: {
+          ...inner,
+          claim: (input) => {
+            leases.push(input.leaseMs);
+            return inner.claim(input);
+          },
         },
-      },
-    });
-    await idem.handle(request('k'), counter().run);
-    expect(leases).toEqual([10_000]);
+      });
+      await idem.handle(request('k'), counter().run);
+      expect(leases).toEqual([expected]);
+    },
+  );
+
+  it('accepts a lease longer than retention, and shortens it to retention', () => {
+    expect(() => engine({ lease: '2d', ttl: '1d' })).not.toThrow();
   });
 
   it('accepts durations as numbers of ms or strings', () => {

@@ -1,7 +1,11 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, afterEach, beforeAll, beforeEach, expect, it } from 'vitest';
-import { createFaultProxy, type FaultProxy, type FaultProxyOptions } from './support/fault-proxy.js';
+import {
+  createFaultProxy,
+  type FaultProxy,
+  type FaultProxyOptions,
+} from '../examples/library-loans/fault-proxy.js';
 
 let received: string[] = [];
 let targetPort = 0;

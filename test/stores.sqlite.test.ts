@@ -325,3 +325,29 @@ describe('sqliteStore across processes', () => {
     reader.close();
   }, 60_000);
 });
+
+describe('sqliteStore clock', () => {
+  it('stamps and judges records by `now`: moving it ages a key past retention', async () => {
+    let offsetMs = 0;
+    const store = sqliteStore({ database: new Database(':memory:'), now: () => Date.now() + offsetMs });
+    const input: ClaimInput = {
+      scope: 's',
+      key: 'OD-old',
+      fingerprint: 'fp',
+      leaseMs: 30_000,
+      ttlMs: 86_400_000,
+    };
+    const claimed = await store.claim(input);
+    if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+    const response: StoredResponse = { status: 201, headers: {}, body: new Uint8Array([1]) };
+    expect(await store.complete('s', 'OD-old', claimed.token, response)).toBe(true);
+    expect((await store.claim(input)).outcome).toBe('replay');
+
+    offsetMs = 30 * 86_400_000;
+    const [record] = (await store.list()).records;
+    expect(record).toBeUndefined();
+    expect(await store.purgeExpired()).toBe(1);
+    expect((await store.claim(input)).outcome).toBe('acquired');
+    await store.close();
+  });
+});

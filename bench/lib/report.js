@@ -48,7 +48,7 @@ export function markdown(results) {
 }
 
 /**
- * A complete full run writes `<date>.json`, `<date>.md` and `latest.md` (the README embeds it). A
+ * A complete full run writes `<date>.json`, `<date>.md` and `latest.md` (docs/benchmarks.md embeds it). A
  * quick or partial run writes under `local/` (not committed), so it never replaces those.
  */
 export async function writeResults(results, dir) {
@@ -69,18 +69,16 @@ const START = '<!-- benchmarks -->';
 const END = '<!-- /benchmarks -->';
 
 /**
- * Puts `md` between the README's `<!-- benchmarks -->` and `<!-- /benchmarks -->` markers (the end
- * marker is added after the start one when missing). Touches nothing else; no marker, no change.
+ * Puts `md` between the `<!-- benchmarks -->` and `<!-- /benchmarks -->` markers of a Markdown
+ * page (the end marker is added after the start one when missing). Touches nothing else; no marker, no change.
  */
-export async function embedInReadme(md, readmePath) {
-  const readme = await readFile(readmePath, 'utf8').catch(() => undefined);
-  const start = readme?.indexOf(START) ?? -1;
+export async function embedInPage(md, pagePath) {
+  const page = await readFile(pagePath, 'utf8').catch(() => undefined);
+  const start = page?.indexOf(START) ?? -1;
   if (start < 0) return false;
-  const end = readme.indexOf(END, start);
+  const end = page.indexOf(END, start);
   const after =
-    end < 0
-      ? `\n${readme.slice(start + START.length).replace(/^\r?\n/, '')}`
-      : readme.slice(end + END.length);
-  await writeFile(readmePath, `${readme.slice(0, start)}${START}\n${md}${END}${after}`);
+    end < 0 ? `\n${page.slice(start + START.length).replace(/^\r?\n/, '')}` : page.slice(end + END.length);
+  await writeFile(pagePath, `${page.slice(0, start)}${START}\n${md}${END}${after}`);
   return true;
 }

@@ -9,9 +9,8 @@ let orders = 0;
 
 app.post('/orders', idempotency({ store, required: true }), (req, res) => {
   const id = ++orders;
-  res.status(201).location(`/orders/${id}`).json({ id, item: req.body.item, key: req.idempotency.key });
+  res.status(201).location(`/orders/${id}`).json({ id, order: req.body, key: req.idempotency?.key });
 });
 
-const server = app.listen(Number(process.env.PORT ?? 3000), process.env.HOST ?? '127.0.0.1', () =>
-  console.log(`listening on http://localhost:${server.address().port}`),
-);
+const port = Number(process.env.PORT ?? 3000);
+app.listen(port, process.env.HOST ?? '127.0.0.1', () => console.log(`listening on http://localhost:${port}`));

@@ -9,11 +9,11 @@ let orders = 0;
 app.use('/orders', idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true }));
 app.post('/orders', async (c) => {
   const id = ++orders;
-  const { item } = await c.req.json();
-  return c.json({ id, item, key: c.get('idempotency').key }, 201, { location: `/orders/${id}` });
+  const order = await c.req.json();
+  return c.json({ id, order, key: c.get('idempotency')?.key }, 201, { location: `/orders/${id}` });
 });
 
 const port = Number(process.env.PORT ?? 3000);
-serve({ fetch: app.fetch, port, hostname: process.env.HOST ?? '127.0.0.1' }, (info) =>
-  console.log(`listening on http://localhost:${info.port}`),
+serve({ fetch: app.fetch, port, hostname: process.env.HOST ?? '127.0.0.1' }, () =>
+  console.log(`listening on http://localhost:${port}`),
 );

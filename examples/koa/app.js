@@ -13,9 +13,8 @@ app.use((ctx) => {
   const id = ++orders;
   ctx.status = 201;
   ctx.set('location', `/orders/${id}`);
-  ctx.body = { id, item: ctx.request.body.item, key: ctx.state.idempotency.key };
+  ctx.body = { id, order: ctx.request.body, key: ctx.state.idempotency?.key };
 });
 
-const server = app.listen(Number(process.env.PORT ?? 3000), process.env.HOST ?? '127.0.0.1', () =>
-  console.log(`listening on http://localhost:${server.address().port}`),
-);
+const port = Number(process.env.PORT ?? 3000);
+app.listen(port, process.env.HOST ?? '127.0.0.1', () => console.log(`listening on http://localhost:${port}`));

@@ -1,5 +1,6 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { isIP } from 'node:net';
+import { ConfigError } from 'retrysafe';
 import { sendLiveJson as send } from './respond.js';
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '[::1]']);
@@ -51,7 +52,7 @@ export function adminRoutes({ store, adminToken }) {
     try {
       await work();
     } catch (error) {
-      if (error instanceof RangeError || error instanceof TypeError) {
+      if (error instanceof ConfigError) {
         return send(res, 400, { error: 'invalid_query', message: error.message });
       }
       console.error('loan desk: key store admin call failed:', error.message);

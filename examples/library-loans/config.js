@@ -1,4 +1,5 @@
 import ms from 'ms';
+import { parseDuration } from 'retrysafe';
 
 /**
  * The loan desk's settings, read from the environment once at start. Every mistake is reported
@@ -26,10 +27,11 @@ export function readConfig(env = process.env) {
     throw new Error(`${name}=${JSON.stringify(env[name])} is invalid: expected ${expected}`);
   };
   const duration = (name, fallback, min = 1) => {
-    const value = env[name] || fallback;
-    const parsed = /^\d+$/.test(value) ? Number(value) : ms(value);
-    if (!Number.isSafeInteger(parsed) || parsed < min) fail(name, 'a duration like 2s, 1m, 24h, 7d');
-    return parsed;
+    try {
+      return parseDuration(env[name] || fallback, { name, min });
+    } catch {
+      return fail(name, 'a duration like 2s, 1m, 24h, 7d');
+    }
   };
   const integer = (name, fallback, min) => {
     const value = env[name] || String(fallback);
@@ -90,7 +92,6 @@ export function readConfig(env = process.env) {
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
 
-  const ttlMs = duration('IDEMPOTENCY_TTL', '24h');
   return {
     host: env.HOST || '127.0.0.1',
     port,
@@ -98,9 +99,8 @@ export function readConfig(env = process.env) {
     keys,
     mode,
     required: required === 'true',
-    ttlMs,
-    // The engine refuses a lease longer than retention; a short TTL (tests) shortens the lease too.
-    leaseMs: Math.min(duration('IDEMPOTENCY_LEASE', '10s'), ttlMs),
+    ttlMs: duration('IDEMPOTENCY_TTL', '24h'),
+    leaseMs: duration('IDEMPOTENCY_LEASE', '10s'),
     waitMs: duration('IDEMPOTENCY_WAIT', '10s', 0),
     encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),

@@ -14,10 +14,13 @@ const config = readConfig({
   PORT: '0',
   IDEMPOTENCY_TTL: '7d',
 });
-const desk = await startLoanDesk(config, { setup: true });
-// The demo reads and edits the SQLite file directly, as the lesson did with the sqlite3 shell.
+// The key store's clock, which the demo sets back to send a key "30 days ago".
+let clockOffsetMs = 0;
+const desk = await startLoanDesk(
+  { ...config, database: { ...config.database, now: () => Date.now() + clockOffsetMs } },
+  { setup: true },
+);
 const { store } = desk;
-const keysTable = 'idempotency_keys';
 
 const BODY = { member: 'U-1001', isbn: 'K-02', issuedAt: '2026-03-10' };
 
@@ -41,10 +44,24 @@ async function say(label) {
   console.log(`${label.padEnd(30)} loan rows: ${await desk.database.countLoans()}`);
 }
 
-const startOver = () =>
-  store.transaction((db) =>
-    db.exec(`DELETE FROM loan; DELETE FROM sqlite_sequence WHERE name = 'loan'; DELETE FROM ${keysTable};`),
+/** Every live key, through the store's admin API. */
+async function liveKeys() {
+  const records = [];
+  let after;
+  do {
+    const page = await store.list({ after });
+    records.push(...page.records);
+    after = page.next ?? undefined;
+  } while (after);
+  return records;
+}
+
+async function startOver() {
+  await store.transaction((db) =>
+    db.exec("DELETE FROM loan; DELETE FROM sqlite_sequence WHERE name = 'loan';"),
   );
+  for (const { scope, key } of await liveKeys()) await store.delete(scope, key);
+}
 
 console.log(`loan desk ${desk.url} (${describe(config)})\n`);
 try {
@@ -76,27 +93,16 @@ try {
   console.log(`loan rows                 : ${await desk.database.countLoans()}`);
 
   console.log('\n--- the key store ages (7-day window) ---');
+  // OD-old is sent with the key store's clock 30 days back, as if it had been sent then.
+  clockOffsetMs = -30 * DAY_MS;
   await post({ member: 'U-1003', isbn: 'K-07', issuedAt: '2026-02-20' }, 'OD-old');
-  // As if OD-old had been sent 30 days ago: its record, retention included, moves back in time.
-  await store.transaction((db) =>
-    db
-      .prepare(
-        `UPDATE ${keysTable} SET created_at_ms = created_at_ms - @ms, expires_at_ms = expires_at_ms - @ms,
-           lease_until_ms = lease_until_ms - @ms, completed_at_ms = completed_at_ms - @ms WHERE key = 'OD-old'`,
-      )
-      .run({ ms: 30 * DAY_MS }),
-  );
-  const ages = await store.transaction((db) =>
-    db.prepare(`SELECT key, created_at_ms FROM ${keysTable} ORDER BY created_at_ms`).all(),
-  );
-  for (const { key, created_at_ms } of ages) {
-    console.log(`${key}  age: ${Math.floor((Date.now() - created_at_ms) / DAY_MS)} days`);
+  clockOffsetMs = 0;
+  console.log('OD-old  sent 30 days ago; past the 7-day window, the store no longer lists it');
+  for (const { key, createdAtMs } of await liveKeys()) {
+    console.log(`${key}  age: ${Math.floor((Date.now() - createdAtMs) / DAY_MS)} days`);
   }
   console.log(`purged: ${await store.purgeExpired()}`);
-  const remaining = await store.transaction((db) =>
-    db.prepare(`SELECT count(*) FROM ${keysTable}`).pluck().get(),
-  );
-  console.log(`remaining after cleanup: ${remaining}`);
+  console.log(`remaining after cleanup: ${(await liveKeys()).length}`);
   await say('before OD-old is resent');
   const resent = await post({ member: 'U-1003', isbn: 'K-07', issuedAt: '2026-02-20' }, 'OD-old');
   console.log(

@@ -1,6 +1,6 @@
 import { createRetryingFetch, isRetryBudgetExceededError } from 'retrysafe/client';
-import { createFaultProxy } from '../../test/support/fault-proxy.js';
 import { BOOKS, MEMBERS } from './catalog.js';
+import { createFaultProxy } from './fault-proxy.js';
 
 /**
  * The "lossy network" act: many loan intents sent through a proxy that drops responses after the

@@ -21,9 +21,10 @@ const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
  * of joining it (a keyless loan must not vanish with another request's rollback). Reads use a
  * second, read-only connection: in WAL mode it sees only committed loans and never waits for the
  * write lock. `setup: true` creates the file, the tables and the catalog when missing; the process
- * that starts first runs it, later runs change nothing. Without it the file must exist.
+ * that starts first runs it, later runs change nothing. Without it the file must exist. `now`,
+ * when given, is the key store's clock (`npm run demo` moves it).
  */
-export async function openSqlite({ filename, setup }) {
+export async function openSqlite({ filename, setup, now }) {
   // Only a setup may create the file: anything else (`npm run purge`) on a mistyped path must fail
   // rather than leave an empty database there.
   if (!setup) {
@@ -33,7 +34,7 @@ export async function openSqlite({ filename, setup }) {
       throw new Error(`cannot open the SQLite database ${filename}: ${error.message}`);
     }
   }
-  const store = sqliteStore({ filename });
+  const store = sqliteStore({ filename, now });
   const db = store.database;
   db.pragma('foreign_keys = ON');
   if (setup) {

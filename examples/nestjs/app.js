@@ -9,7 +9,7 @@ class OrdersController {
   create(body, idem, res) {
     const id = ++orders;
     res.header('location', `/orders/${id}`);
-    return { id, item: body.item, key: idem.key };
+    return { id, order: body, key: idem.key };
   }
 }
 
@@ -30,5 +30,6 @@ Module({
 })(AppModule);
 
 const app = await NestFactory.create(AppModule);
-await app.listen(Number(process.env.PORT ?? 3000), process.env.HOST ?? '127.0.0.1');
-console.log(`listening on http://localhost:${app.getHttpServer().address().port}`);
+const port = Number(process.env.PORT ?? 3000);
+await app.listen(port, process.env.HOST ?? '127.0.0.1');
+console.log(`listening on http://localhost:${port}`);

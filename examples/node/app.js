@@ -10,9 +10,10 @@ const server = http.createServer(
     if (req.method !== 'POST' || req.url !== '/orders') return res.writeHead(404).end();
     const id = ++orders;
     res.writeHead(201, { 'content-type': 'application/json', location: `/orders/${id}` });
-    res.end(JSON.stringify({ id, item: JSON.parse(req.body).item, key: idem.key }));
+    res.end(JSON.stringify({ id, order: JSON.parse(String(req.body)), key: idem?.key }));
   }),
 );
-server.listen(Number(process.env.PORT ?? 3000), process.env.HOST ?? '127.0.0.1', () =>
-  console.log(`listening on http://localhost:${server.address().port}`),
+const port = Number(process.env.PORT ?? 3000);
+server.listen(port, process.env.HOST ?? '127.0.0.1', () =>
+  console.log(`listening on http://localhost:${port}`),
 );

@@ -7,7 +7,10 @@ import {
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type RegisteredTx,
 } from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import {
   BODY_TOO_LARGE,
   capture,
@@ -23,12 +26,12 @@ declare global {
   namespace Express {
     interface Request {
       /** Set by `retrysafe/express` on requests guarded by an Idempotency-Key; `undefined` otherwise. */
-      idempotency?: IdempotencyContext;
+      idempotency?: IdempotencyContext<RegisteredTx>;
     }
   }
 }
 
-export interface ExpressIdempotencyOptions extends IdempotencyOptions<Request> {
+export interface ExpressIdempotencyOptions<Tx = RegisteredTx> extends IdempotencyOptions<Request, Tx> {
   /**
    * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in
    * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering),
@@ -36,9 +39,12 @@ export interface ExpressIdempotencyOptions extends IdempotencyOptions<Request> {
    * `false`: they go down Express's error path with `next(err)`; `err` is an `IdempotencyError`
    * with `status`/`statusCode`, `code`, `headers` (e.g. `retry-after`) and `key`.
    * @default true
+   * @example renderErrors: false
    */
   renderErrors?: boolean;
 }
+
+const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
 
 /**
  * Express 4 and 5 middleware guarding POST/PATCH routes with Idempotency-Key. Mount it per app,
@@ -54,8 +60,12 @@ export interface ExpressIdempotencyOptions extends IdempotencyOptions<Request> {
  *   res.status(201).location(`/orders/${id}`).json({ id, key: req.idempotency?.key });
  * });
  */
-export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): RequestHandler {
-  const { renderErrors = true, ...engineOptions } = options ?? ({} as ExpressIdempotencyOptions);
+export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOptions<Tx>): RequestHandler {
+  const { renderErrors = true, ...engineOptions } = checkOptions(
+    'express idempotency()',
+    options,
+    OPTION_NAMES,
+  );
   if (typeof renderErrors !== 'boolean') {
     throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
   }
@@ -67,14 +77,14 @@ export function idempotency<Tx = unknown>(options: ExpressIdempotencyOptions): R
       {
         method: req.method,
         path: req.originalUrl,
-        keyHeader: keyHeaderOf(req),
+        keyHeader: keyHeaderOf(req, engine.keyHeader),
         contentType: req.headers['content-type'],
         authorization: req.headers.authorization,
         readBody: () => bodyOf(req, engine),
         raw: req,
       },
       (ctx) => {
-        req.idempotency = ctx as IdempotencyContext;
+        req.idempotency = ctx as IdempotencyContext<unknown> as IdempotencyContext<RegisteredTx>;
         before = res.getHeaders();
         return capture(engine, res, () => next());
       },

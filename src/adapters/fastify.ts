@@ -4,11 +4,9 @@ import type {
   FastifyPluginCallback,
   FastifyReply,
   FastifyRequest,
-  onErrorHookHandler,
-  onSendHookHandler,
-  preHandlerAsyncHookHandler,
-  preParsingHookHandler,
+  RequestPayload,
 } from 'fastify';
+import fastifyPlugin from 'fastify-plugin';
 import {
   type CapturedResponse,
   ConfigError,
@@ -17,18 +15,23 @@ import {
   type IdempotencyError,
   type IdempotencyOptions,
   type Outcome,
+  type RegisteredTx,
+  RetrysafeError,
   type StoredResponse,
 } from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import { closeAfterDrain } from './node-http.js';
 import { captureBody } from './payload.js';
 
-export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest> {
+export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest, RegisteredTx> {
   /**
    * `true`: the plugin answers engine errors (bad or missing key 400, conflict 409/422, in
    * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering).
    * `false`: they are thrown into Fastify's error path (`setErrorHandler`); the error is an
    * `IdempotencyError` with `statusCode`, `code`, `headers` (e.g. `retry-after`) and `key`.
    * @default true
+   * @example renderErrors: false
    */
   renderErrors?: boolean;
 }
@@ -39,7 +42,7 @@ export type FastifyRouteIdempotency = Partial<FastifyIdempotencyOptions> | false
 declare module 'fastify' {
   interface FastifyRequest {
     /** Set by `retrysafe/fastify` on requests guarded by an Idempotency-Key; `undefined` otherwise. */
-    idempotency: IdempotencyContext | undefined;
+    idempotency: IdempotencyContext<RegisteredTx> | undefined;
   }
   interface FastifyContextConfig {
     idempotency?: FastifyRouteIdempotency;
@@ -63,22 +66,23 @@ interface Pending {
 
 /**
  * Fastify 5 plugin guarding POST/PATCH routes with Idempotency-Key. Plugin options are the
- * defaults of every route registered after it (it is not encapsulated: `await` the register
- * before declaring routes); a route's `config: { idempotency: {...} }` overrides them, and
- * `config: { idempotency: false }` leaves a route unguarded. The guarded handler finds
+ * defaults of every route of the instance it is registered on, declared before or after it, with
+ * or without `await` on the register (a route declared before the plugin loaded claims its key
+ * before its own preHandler hooks, one declared after it, after them); a route's `config: { idempotency: {...} }` overrides them,
+ * and `config: { idempotency: false }` leaves a route unguarded. The guarded handler finds
  * `request.idempotency`; what it sends (object, string, Buffer or stream) is captured in
  * `onSend`, saved, and replayed to retries byte for byte. A stream larger than
  * `maxResponseBytes` is streamed through in lease mode, not saved, and the key released. An
  * error the handler throws releases the key before Fastify's error handler answers it.
  * Fastify's own `bodyLimit` applies before `maxBodyBytes`.
  * @example
- * await app.register(idempotency, { store, ttl: '7d' });
+ * app.register(idempotency, { store, ttl: '7d' });
  * app.post('/orders', { config: { idempotency: { required: true } } }, async (request, reply) => {
  *   reply.code(201).header('location', `/orders/${id}`);
  *   return { id, key: request.idempotency?.key };
  * });
  */
-export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = Object.assign(
+export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fastifyPlugin(
   function retrysafe(
     fastify: FastifyInstance,
     options: FastifyIdempotencyOptions,
@@ -86,37 +90,100 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = Obj
   ) {
     let defaults: RouteHooks;
     try {
-      defaults = routeGuard(options);
+      defaults = routeGuard(checkOptions('the retrysafe Fastify plugin', options, OPTION_NAMES));
     } catch (error) {
       return done(error as Error);
     }
+    const overridden = new WeakMap<Partial<FastifyIdempotencyOptions>, RouteHooks>();
+    const guardOf = (own: FastifyRouteIdempotency | undefined): RouteHooks | undefined => {
+      if (own === false) return undefined;
+      if (own === undefined) return defaults;
+      let guard = overridden.get(own);
+      if (guard === undefined) {
+        guard = routeGuard({
+          ...options,
+          ...checkOptions("a route's config.idempotency", own, OPTION_NAMES),
+        });
+        overridden.set(own, guard);
+      }
+      return guard;
+    };
     if (!fastify.hasRequestDecorator('idempotency')) fastify.decorateRequest('idempotency', undefined);
+    // A route declared after the plugin loaded gets its guard as route hooks, after the route's
+    // own: a route's preHandler (an auth check, say) runs before the key is claimed.
     fastify.addHook('onRoute', function retrysafeOnRoute(route) {
-      const own = route.config?.idempotency;
-      if (own === false) return;
-      const guard = own === undefined ? defaults : routeGuard({ ...options, ...own });
-      route.preParsing = [...hooks(route.preParsing), guard.preParsing];
-      route.preHandler = [...hooks(route.preHandler), guard.preHandler];
-      route.onSend = [...hooks(route.onSend), guard.onSend];
-      route.onError = [...hooks(route.onError), guard.onError];
+      const guard = guardOf(route.config?.idempotency);
+      if (guard === undefined) return;
+      route.config = Object.assign({ ...route.config }, { [GUARDED_BY_ROUTE_HOOKS]: true });
+      const own = lifecycle(() => guard);
+      route.preParsing = [...hooks(route.preParsing), own.preParsing];
+      route.preHandler = [...hooks(route.preHandler), own.preHandler];
+      route.onSend = [...hooks(route.onSend), own.onSend];
+      route.onError = [...hooks(route.onError), own.onError];
     });
+    // Routes declared before the plugin loaded (after a register that was not awaited) are
+    // guarded by instance-wide hooks, which fastify-plugin keeps out of an encapsulated context.
+    // They run before a route's own hooks; their route options are checked at the first request.
+    const instance = lifecycle((request) => {
+      const config = request.routeOptions.config;
+      return GUARDED_BY_ROUTE_HOOKS in config ? undefined : guardOf(config.idempotency);
+    });
+    fastify.addHook('preParsing', instance.preParsing);
+    fastify.addHook('preHandler', instance.preHandler);
+    fastify.addHook('onSend', instance.onSend);
+    fastify.addHook('onError', instance.onError);
     done();
   },
-  // What fastify-plugin does: the onRoute hook must see the routes of the parent context.
-  { [Symbol.for('skip-override')]: true, [Symbol.for('fastify.display-name')]: 'retrysafe' },
+  { name: 'retrysafe', fastify: '5.x' },
 );
+
+const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
+
+/** Marks, in a route's config, a route guarded by route hooks, which the instance hooks skip. */
+const GUARDED_BY_ROUTE_HOOKS = Symbol('retrysafe.guardedByRouteHooks');
 
 function hooks<T>(value: T | T[] | undefined): T[] {
   if (value === undefined) return [];
   return Array.isArray(value) ? value : [value];
 }
 
-type RouteHooks = {
-  preParsing: preParsingHookHandler;
-  preHandler: preHandlerAsyncHookHandler;
-  onSend: onSendHookHandler;
-  onError: onErrorHookHandler;
-};
+/** Fastify hooks that run the guard `pick` chooses for each request (none: the request passes). */
+function lifecycle(pick: (request: FastifyRequest) => RouteHooks | undefined) {
+  return {
+    preParsing: function retrysafePreParsing(
+      request: FastifyRequest,
+      _reply: FastifyReply,
+      payload: RequestPayload,
+      done: (error: Error | null, payload?: RequestPayload) => void,
+    ) {
+      const guard = pick(request);
+      if (guard === undefined) return done(null, payload);
+      guard.preParsing(request, payload, done);
+    },
+    preHandler: async function retrysafePreHandler(request: FastifyRequest, reply: FastifyReply) {
+      return pick(request)?.preHandler(request, reply);
+    },
+    onSend: async function retrysafeOnSend(request: FastifyRequest, reply: FastifyReply, payload: unknown) {
+      const guard = pick(request);
+      return guard === undefined ? payload : guard.onSend(request, reply, payload);
+    },
+    onError: async function retrysafeOnError(request: FastifyRequest, _reply: FastifyReply, error: Error) {
+      await pick(request)?.onError(request, error);
+    },
+  };
+}
+
+/** What one set of options does at each step of a guarded route's lifecycle. */
+interface RouteHooks {
+  preParsing(
+    request: FastifyRequest,
+    payload: RequestPayload,
+    done: (error: Error | null, payload: RequestPayload) => void,
+  ): void;
+  preHandler(request: FastifyRequest, reply: FastifyReply): Promise<unknown>;
+  onSend(request: FastifyRequest, reply: FastifyReply, payload: unknown): Promise<unknown>;
+  onError(request: FastifyRequest, error: Error): Promise<void>;
+}
 
 function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
   const { renderErrors = true, ...engineOptions } = options ?? ({} as FastifyIdempotencyOptions);
@@ -133,8 +200,11 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
   };
 
   return {
-    preParsing: function retrysafePreParsing(request, _reply, payload, done) {
-      if (request.headers['idempotency-key'] === undefined) return done(null, payload);
+    preParsing(request, payload, done) {
+      // Without a key there is nothing to fingerprint; a `key` function may find one anywhere.
+      if (engine.keyHeader !== undefined && request.headers[engine.keyHeader] === undefined) {
+        return done(null, payload);
+      }
       const raw: RawBody = { chunks: [], size: 0, overflow: false };
       bodies.set(request, raw);
       // Fastify keeps parsing the stream as usual; the bytes are kept (up to maxBodyBytes) for
@@ -159,7 +229,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
       done(null, payload.pipe(tee));
     },
 
-    preHandler: async function retrysafePreHandler(request, reply) {
+    async preHandler(request, reply) {
       let started!: () => void;
       const handlerStarted = new Promise<undefined>((resolve) => {
         started = () => resolve(undefined);
@@ -168,7 +238,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
         {
           method: request.method,
           path: request.url,
-          keyHeader: request.headers['idempotency-key'],
+          keyHeader: engine.keyHeader && request.headers[engine.keyHeader],
           contentType: request.headers['content-type'],
           authorization: request.headers.authorization,
           readBody: () => {
@@ -181,7 +251,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
         },
         (ctx) =>
           new Promise<CapturedResponse>((resolve, rejectCapture) => {
-            request.idempotency = ctx;
+            request.idempotency = ctx as IdempotencyContext<unknown> as IdempotencyContext<RegisteredTx>;
             pending.set(request, { resolve, reject: rejectCapture, outcome, settled: false });
             started();
           }),
@@ -197,11 +267,11 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
         case 'rejected':
           return reject(reply, first.error);
         case 'executed':
-          throw new Error('retrysafe: the engine completed a request whose handler never ran');
+          throw new RetrysafeError('retrysafe: the engine completed a request whose handler never ran');
       }
     },
 
-    onSend: async function retrysafeOnSend(request, reply, payload) {
+    async onSend(request, reply, payload) {
       // Fastify refuses an upload past its bodyLimit without reading the rest: read it off before
       // the connection closes, or the client gets a reset instead of this 413.
       if (reply.statusCode === 413) closeAfterDrain(request.raw, reply.raw);
@@ -222,7 +292,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
       return Buffer.from(answer.body);
     },
 
-    onError: async function retrysafeOnError(request, _reply, error) {
+    async onError(request, error) {
       const waiting = pending.get(request);
       if (waiting === undefined || waiting.settled) return;
       waiting.settled = true;

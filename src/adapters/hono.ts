@@ -7,15 +7,24 @@ import {
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type RegisteredTx,
   type StoredResponse,
 } from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
 
-export type HonoIdempotencyOptions = IdempotencyOptions<Context>;
+export type HonoIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Context, Tx>;
 
 /** The context variables the middleware sets: `c.get('idempotency')`. */
-export interface IdempotencyVariables {
+export interface IdempotencyVariables<Tx = RegisteredTx> {
   /** Set on requests guarded by an Idempotency-Key; `undefined` otherwise. */
-  idempotency: IdempotencyContext | undefined;
+  idempotency: IdempotencyContext<Tx> | undefined;
+}
+
+// As Hono's own middleware do: `c.get('idempotency')` is typed in every handler, also those of
+// an `app.use` whose middleware the route's type does not name.
+declare module 'hono' {
+  interface ContextVariableMap extends IdempotencyVariables {}
 }
 
 /**
@@ -34,10 +43,12 @@ export interface IdempotencyVariables {
  * app.use('/orders', idempotency({ store, required: true }));
  * app.post('/orders', (c) => c.json({ id, key: c.get('idempotency')?.key }, 201, { location: `/orders/${id}` }));
  */
-export function idempotency<Tx = unknown>(
-  options: HonoIdempotencyOptions,
-): MiddlewareHandler<{ Variables: IdempotencyVariables }> {
-  const engine = createIdempotency<Context, Tx>(options);
+export function idempotency<Tx = RegisteredTx>(
+  options: HonoIdempotencyOptions<Tx>,
+): MiddlewareHandler<{ Variables: IdempotencyVariables<Tx> }> {
+  const engine = createIdempotency<Context, Tx>(
+    checkOptions('hono idempotency()', options, ENGINE_OPTION_NAMES),
+  );
 
   return async function idempotency(c, next) {
     let sent: Response | undefined;
@@ -47,14 +58,14 @@ export function idempotency<Tx = unknown>(
         {
           method: c.req.method,
           path: pathAndQuery(c.req.url),
-          keyHeader: c.req.raw.headers.get('idempotency-key') ?? undefined,
+          keyHeader: (engine.keyHeader && c.req.raw.headers.get(engine.keyHeader)) ?? undefined,
           contentType: c.req.header('content-type'),
           authorization: c.req.raw.headers.get('authorization') ?? undefined,
           readBody: () => bodyOf(c, engine),
           raw: c,
         },
         async (ctx) => {
-          c.set('idempotency', ctx as IdempotencyContext);
+          c.set('idempotency', ctx);
           await next();
           // Hono hands a handler's error to app.onError before we get back here; rethrowing it
           // tells the engine to release the key.

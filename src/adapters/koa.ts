@@ -10,6 +10,8 @@ import {
   type IdempotencyOptions,
   type StoredResponse,
 } from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import { parsedBytes } from './express.js';
 import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
 import { captureBody } from './payload.js';
@@ -22,6 +24,7 @@ export interface KoaIdempotencyOptions extends IdempotencyOptions<Context> {
    * the error is an `IdempotencyError` with `status`, `code`, `headers` (e.g. `retry-after`)
    * and `key`.
    * @default true
+   * @example renderErrors: false
    */
   renderErrors?: boolean;
 }
@@ -54,8 +57,10 @@ const EMPTY_STATUS = new Set([204, 205, 304]);
  *   ctx.body = { id, key: ctx.state.idempotency?.key };
  * });
  */
+const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
+
 export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middleware {
-  const { renderErrors = true, ...engineOptions } = options ?? ({} as KoaIdempotencyOptions);
+  const { renderErrors = true, ...engineOptions } = checkOptions('koa idempotency()', options, OPTION_NAMES);
   if (typeof renderErrors !== 'boolean') {
     throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
   }
@@ -67,7 +72,7 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
       {
         method: ctx.method,
         path: ctx.originalUrl,
-        keyHeader: keyHeaderOf(ctx.req),
+        keyHeader: keyHeaderOf(ctx.req, engine.keyHeader),
         contentType: ctx.get('content-type') || undefined,
         authorization: ctx.headers.authorization,
         readBody: () => bodyOf(ctx, engine),

@@ -22,6 +22,8 @@ import {
   type IdempotencyOptions,
   type StoredResponse,
 } from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import { parsedBytes } from './express.js';
 import {
   BODY_TOO_LARGE,
@@ -96,7 +98,9 @@ export class IdempotencyInterceptor implements NestInterceptor {
 
   constructor(options: NestIdempotencyOptions) {
     this.#options = options;
-    this.#engine = createIdempotency<NestRequest, unknown>(options);
+    this.#engine = createIdempotency<NestRequest, unknown>(
+      checkOptions('RetrysafeModule options', options, ENGINE_OPTION_NAMES),
+    );
   }
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -118,7 +122,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
           {
             method: req.method,
             path: req.originalUrl ?? req.url,
-            keyHeader: keyHeaderOf(rawReq),
+            keyHeader: keyHeaderOf(rawReq, engine.keyHeader),
             contentType: req.headers['content-type'],
             authorization: req.headers.authorization,
             readBody: () => bodyOf(req, rawReq, engine),
@@ -160,7 +164,10 @@ export class IdempotencyInterceptor implements NestInterceptor {
         ? undefined
         : own === undefined
           ? this.#engine
-          : createIdempotency<NestRequest, unknown>({ ...this.#options, ...own });
+          : createIdempotency<NestRequest, unknown>({
+              ...this.#options,
+              ...checkOptions('@Idempotent() options', own, ENGINE_OPTION_NAMES),
+            });
     this.#routeEngines.set(handler, engine);
     return engine;
   }

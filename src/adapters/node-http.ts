@@ -32,15 +32,16 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
 }
 
 /**
- * Every `Idempotency-Key` line of the request, from the raw header list: `headersDistinct` would
- * build an array for every header of every request just to read this one.
+ * Every line of the lower-case header `header` (the engine's `keyHeader`), from the raw header
+ * list: `headersDistinct` would build an array for every header of every request just to read this one.
  */
-export function keyHeaderOf(req: IncomingMessage): string[] | undefined {
+export function keyHeaderOf(req: IncomingMessage, header: string | undefined): string[] | undefined {
+  if (header === undefined) return undefined;
   let values: string[] | undefined;
   const raw = req.rawHeaders;
   for (let i = 0; i < raw.length; i += 2) {
     const name = raw[i]!;
-    if (name.length !== 15 || name.toLowerCase() !== 'idempotency-key') continue;
+    if (name.length !== header.length || name.toLowerCase() !== header) continue;
     values = values ?? [];
     values.push(raw[i + 1]!);
   }

@@ -1,5 +1,12 @@
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import { createIdempotency, type IdempotencyContext, type IdempotencyOptions } from '../core/index.js';
+import {
+  createIdempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type RegisteredTx,
+} from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import {
   BODY_TOO_LARGE,
   capture,
@@ -19,13 +26,13 @@ export type BodyRequest = IncomingMessage & { body: Buffer };
  * A node:http handler. `idem` is set for requests guarded by a key, `undefined` otherwise
  * (no key on an optional route, or a method that is not guarded).
  */
-export type NodeHandler<Tx = unknown> = (
+export type NodeHandler<Tx = RegisteredTx> = (
   req: BodyRequest,
   res: ServerResponse,
   idem: IdempotencyContext<Tx> | undefined,
 ) => unknown;
 
-export type NodeIdempotencyOptions = IdempotencyOptions<IncomingMessage>;
+export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<IncomingMessage, Tx>;
 
 /**
  * Guards node:http handlers with Idempotency-Key. The wrapper reads each request body (413 past
@@ -35,8 +42,10 @@ export type NodeIdempotencyOptions = IdempotencyOptions<IncomingMessage>;
  * const guard = idempotency({ store: sqliteStore({ filename: 'app.db' }) });
  * http.createServer(guard(async (req, res, idem) => { res.writeHead(201).end('made') })).listen(8080);
  */
-export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
-  const engine = createIdempotency<IncomingMessage, Tx>(options);
+export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<Tx>) {
+  const engine = createIdempotency<IncomingMessage, Tx>(
+    checkOptions('node idempotency()', options, ENGINE_OPTION_NAMES),
+  );
   return function wrap(handler: NodeHandler<Tx>) {
     return async function idempotentHandler(req: IncomingMessage, res: ServerResponse): Promise<void> {
       let body: Buffer;
@@ -58,7 +67,7 @@ export function idempotency<Tx = unknown>(options: NodeIdempotencyOptions) {
           {
             method: req.method ?? 'GET',
             path: req.url ?? '/',
-            keyHeader: keyHeaderOf(req),
+            keyHeader: keyHeaderOf(req, engine.keyHeader),
             contentType: req.headers['content-type'],
             authorization: req.headers.authorization,
             readBody: () => body,

@@ -1,5 +1,5 @@
 import { Readable } from 'node:stream';
-import type { ResponseCollector } from '../core/index.js';
+import { type ResponseCollector, RetrysafeError } from '../core/index.js';
 
 // Response capture shared by the adapters that see the response as a payload before it is
 // written (fastify's onSend, koa's ctx.body), rather than as node:http writes.
@@ -20,7 +20,7 @@ export async function captureBody(
     return { payload: state === 'drop' ? undefined : payload };
   }
   if (!(payload instanceof Readable)) {
-    throw new TypeError('retrysafe: a response payload is neither string, Buffer nor stream');
+    throw new RetrysafeError('retrysafe: a response payload is neither string, Buffer nor stream');
   }
   const iterator = payload[Symbol.asyncIterator]();
   for (;;) {

@@ -4,7 +4,10 @@
  * `crypto.randomUUID()` exist (Node 20+, browsers, Deno, Bun, workers).
  */
 
-import { RetrysafeError } from '../core/errors.js';
+import { ConfigError, RetrysafeError } from '../core/errors.js';
+import { checkOptions, optionNames } from '../core/option-names.js';
+
+export { ConfigError, RetrysafeError } from '../core/errors.js';
 
 /** What one attempt ended with. */
 export type AttemptOutcome = { kind: 'response'; status: number } | { kind: 'error'; error: unknown };
@@ -20,49 +23,76 @@ export interface AttemptEvent {
   delayMs: number | null;
 }
 
+/**
+ * The defaults ride out a server restart within one lease: the server refuses connections while
+ * it restarts, then answers the crashed request's key "in progress" (409 + Retry-After) until
+ * its lease passes (30 s by default; a retry meanwhile may wait up to 10 s on the server), and
+ * only then runs the retry. `deadlineMs` (60 s) covers that with room to spare; `maxAttempts`
+ * stays out of its way even when every jittered wait is short.
+ */
 export interface RetryingFetchOptions {
   /**
    * The `fetch` to wrap; it receives a fresh `Request` per attempt and an init holding only `signal`.
    * @default globalThis.fetch (looked up at each call)
+   * @example fetch: (request, init) => undici.fetch(request, { ...init, dispatcher })
    */
   fetch?: (request: Request, init: { signal: AbortSignal }) => Promise<Response>;
   /**
    * Attempts per call, the first included.
-   * @default 5
+   * @default 20
+   * @example maxAttempts: 3
    */
   maxAttempts?: number;
   /**
    * The retry budget: total time for a call, waits and attempts included. An attempt still in flight
    * when it runs out is aborted, and no wait is started that would end past it.
-   * @default 30_000
+   * @default 60_000
+   * @example deadlineMs: 10_000
    */
   deadlineMs?: number;
   /**
    * Backoff before retry n (1-based) is a uniform random delay in [0, min(maxDelayMs, baseDelayMs * 2^(n-1))]
    * ("full jitter"), unless the response carried a `Retry-After`, which is then honoured as sent.
-   * @default 100
+   * @default 250
+   * @example baseDelayMs: 50
    */
   baseDelayMs?: number;
   /**
    * The cap of the jittered backoff (not of a server's `Retry-After`).
-   * @default 5_000
+   * @default 10_000
+   * @example maxDelayMs: 2_000
    */
   maxDelayMs?: number;
   /**
+   * The longest `Retry-After` honoured: a server asking for a longer wait ends the call at once
+   * with a {@link RetryBudgetExceededError} (`reason: 'retryAfter'`) holding its response.
+   * @default 30_000
+   * @example maxRetryAfterMs: 5_000
+   */
+  maxRetryAfterMs?: number;
+  /**
    * Longest wait for one attempt's response headers; a timed-out attempt is retried.
    * @default undefined (each attempt may use whatever is left of `deadlineMs`)
+   * @example attemptTimeoutMs: 5_000
    */
   attemptTimeoutMs?: number;
   /**
+   * The request header that carries the key; match the server's `headerName`.
    * @default 'Idempotency-Key'
+   * @example headerName: 'X-Idempotency-Key'
    */
   headerName?: string;
   /**
    * Makes the key of a call that was not given one.
    * @default () => globalThis.crypto.randomUUID()
+   * @example generateKey: () => `order-${crypto.randomUUID()}`
    */
   generateKey?: () => string;
-  /** Called after every attempt, for logging and metrics. */
+  /**
+   * Called after every attempt, for logging and metrics.
+   * @default undefined
+   * @example onAttempt: ({ attempt, outcome, delayMs }) => console.log(attempt, outcome, delayMs)
+   */
   onAttempt?: (event: AttemptEvent) => void;
 }
 
@@ -76,17 +106,20 @@ export type RetryingRequestInit = RequestInit & { idempotencyKey?: string | fals
 
 export type RetryingFetch = (input: RequestInfo | URL, init?: RetryingRequestInit) => Promise<Response>;
 
-/** Thrown when a call used up `maxAttempts` or `deadlineMs` while every attempt was retryable. */
+/**
+ * Thrown when a call used up `maxAttempts` or `deadlineMs` while every attempt was retryable, or
+ * when the server asked for a wait longer than `maxRetryAfterMs`.
+ */
 export class RetryBudgetExceededError extends RetrysafeError {
   override readonly name = 'RetryBudgetExceededError';
-  readonly reason: 'attempts' | 'deadline';
+  readonly reason: BudgetReason;
   readonly attempts: number;
   readonly key: string | undefined;
   /** The last retryable response (its body unread), if the last attempt got one; else see `cause`. */
   readonly lastResponse: Response | undefined;
 
   constructor(init: {
-    reason: 'attempts' | 'deadline';
+    reason: BudgetReason;
     attempts: number;
     key: string | undefined;
     lastResponse?: Response;
@@ -102,6 +135,8 @@ export class RetryBudgetExceededError extends RetrysafeError {
     this.lastResponse = init.lastResponse;
   }
 }
+
+type BudgetReason = 'attempts' | 'deadline' | 'retryAfter';
 
 /** Recognises the error across duplicate copies of this package. */
 export function isRetryBudgetExceededError(error: unknown): error is RetryBudgetExceededError {
@@ -153,14 +188,14 @@ export function parseRetryAfterMs(value: string | null, nowMs = Date.now()): num
 
 const MAX_TIMER_MS = 2_147_483_647;
 
-class AttemptTimeoutError extends Error {
+class AttemptTimeoutError extends RetrysafeError {
   override readonly name = 'TimeoutError';
 }
 
 function numberOption(name: string, value: number | undefined, fallback: number, min: number): number {
   const resolved = value ?? fallback;
   if (typeof resolved !== 'number' || !Number.isFinite(resolved) || resolved < min) {
-    throw new TypeError(`retrysafe/client: option \`${name}\` must be a finite number >= ${min}`);
+    throw new ConfigError(`retrysafe/client: option \`${name}\` must be a finite number >= ${min}`);
   }
   return resolved;
 }
@@ -205,25 +240,40 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
  *   else throw error;
  * }
  */
-export function createRetryingFetch(options: RetryingFetchOptions = {}): RetryingFetch {
-  const maxAttempts = numberOption('maxAttempts', options.maxAttempts, 5, 1);
+const OPTION_NAMES = optionNames<RetryingFetchOptions>({
+  fetch: true,
+  maxAttempts: true,
+  deadlineMs: true,
+  baseDelayMs: true,
+  maxDelayMs: true,
+  maxRetryAfterMs: true,
+  attemptTimeoutMs: true,
+  headerName: true,
+  generateKey: true,
+  onAttempt: true,
+});
+
+export function createRetryingFetch(given?: RetryingFetchOptions): RetryingFetch {
+  const options = checkOptions('createRetryingFetch()', given, OPTION_NAMES);
+  const maxAttempts = numberOption('maxAttempts', options.maxAttempts, 20, 1);
   if (!Number.isInteger(maxAttempts)) {
-    throw new TypeError('retrysafe/client: option `maxAttempts` must be an integer');
+    throw new ConfigError('retrysafe/client: option `maxAttempts` must be an integer');
   }
-  const deadlineMs = numberOption('deadlineMs', options.deadlineMs, 30_000, 1);
+  const deadlineMs = numberOption('deadlineMs', options.deadlineMs, 60_000, 1);
   // setTimeout fires at once past 2^31-1 ms; every wait and attempt timer stays below the deadline.
   if (deadlineMs > MAX_TIMER_MS) {
-    throw new TypeError(`retrysafe/client: option \`deadlineMs\` must be at most ${MAX_TIMER_MS}`);
+    throw new ConfigError(`retrysafe/client: option \`deadlineMs\` must be at most ${MAX_TIMER_MS}`);
   }
-  const baseDelayMs = numberOption('baseDelayMs', options.baseDelayMs, 100, 0);
-  const maxDelayMs = numberOption('maxDelayMs', options.maxDelayMs, 5_000, 0);
+  const baseDelayMs = numberOption('baseDelayMs', options.baseDelayMs, 250, 0);
+  const maxDelayMs = numberOption('maxDelayMs', options.maxDelayMs, 10_000, 0);
+  const maxRetryAfterMs = numberOption('maxRetryAfterMs', options.maxRetryAfterMs, 30_000, 0);
   const attemptTimeoutMs =
     options.attemptTimeoutMs === undefined
       ? Number.POSITIVE_INFINITY
       : numberOption('attemptTimeoutMs', options.attemptTimeoutMs, 0, 1);
   const headerName = options.headerName ?? 'Idempotency-Key';
   if (!/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(headerName)) {
-    throw new TypeError('retrysafe/client: option `headerName` must be an HTTP header name');
+    throw new ConfigError('retrysafe/client: option `headerName` must be an HTTP header name');
   }
   const generateKey = options.generateKey ?? (() => globalThis.crypto.randomUUID());
   const onAttempt = options.onAttempt;
@@ -235,10 +285,10 @@ export function createRetryingFetch(options: RetryingFetchOptions = {}): Retryin
       return undefined;
     }
     if (sent !== null && given !== undefined && sent !== given) {
-      throw new TypeError(`retrysafe/client: \`idempotencyKey\` and the ${headerName} header disagree`);
+      throw new ConfigError(`retrysafe/client: \`idempotencyKey\` and the ${headerName} header disagree`);
     }
     const key = sent ?? given ?? generateKey();
-    if (key === '') throw new TypeError('retrysafe/client: an idempotency key must not be empty');
+    if (key === '') throw new ConfigError('retrysafe/client: an idempotency key must not be empty');
     headers.set(headerName, key);
     return key;
   }
@@ -290,12 +340,18 @@ export function createRetryingFetch(options: RetryingFetchOptions = {}): Retryin
       }
       signal?.removeEventListener('abort', onCallerAbort);
 
+      const retryAfterMs = parseRetryAfterMs(response?.headers.get('retry-after') ?? null);
       const delayMs = Math.round(
-        parseRetryAfterMs(response?.headers.get('retry-after') ?? null) ??
-          Math.random() * Math.min(maxDelayMs, baseDelayMs * 2 ** Math.min(attempt - 1, 52)),
+        retryAfterMs ?? Math.random() * Math.min(maxDelayMs, baseDelayMs * 2 ** Math.min(attempt - 1, 52)),
       );
-      const budgetReason =
-        attempt >= maxAttempts ? 'attempts' : delayMs >= remainingMs() ? 'deadline' : undefined;
+      const budgetReason: BudgetReason | undefined =
+        attempt >= maxAttempts
+          ? 'attempts'
+          : delayMs >= remainingMs()
+            ? 'deadline'
+            : retryAfterMs !== undefined && retryAfterMs > maxRetryAfterMs
+              ? 'retryAfter'
+              : undefined;
       if (budgetReason) {
         onAttempt?.({ attempt, key, outcome, delayMs: null });
         throw new RetryBudgetExceededError({

@@ -52,6 +52,8 @@ export type Outcome =
 
 export interface Idempotency<Req = unknown, Tx = unknown> {
   readonly mode: 'lease' | 'atomic';
+  /** The lower-case header the key is read from; `undefined` when the `key` option reads it. */
+  readonly keyHeader: string | undefined;
   readonly maxBodyBytes: number;
   readonly maxResponseBytes: number;
   /** Runs one request through the state machine; `run` invokes the handler and captures its response. */

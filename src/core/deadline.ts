@@ -1,3 +1,5 @@
+import { RetrysafeError } from './errors.js';
+
 /**
  * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending
  * call (armed only while calls are pending): a timer per store call cost more than the call itself.
@@ -10,7 +12,7 @@ export function deadlineGuard(timeoutMs: number, message: string) {
     for (const call of pending) {
       if (call.deadlineMs <= now) {
         pending.delete(call);
-        call.reject(new Error(message));
+        call.reject(new RetrysafeError(message));
       }
     }
     if (pending.size === 0) {

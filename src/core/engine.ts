@@ -48,12 +48,14 @@ const PASS: Outcome = Object.freeze({ kind: 'pass' });
  * const idempotency = createIdempotency({ store: sqliteStore({ filename: 'app.db' }), ttl: '7d' });
  */
 export function createIdempotency<Req = unknown, Tx = unknown>(
-  options: IdempotencyOptions<Req>,
+  options: IdempotencyOptions<Req, Tx>,
 ): Idempotency<Req, Tx> {
   const config = resolveOptions(options);
   const {
     store,
     mode,
+    keyHeader,
+    keyOf,
     concurrency,
     ttlMs,
     leaseMs,
@@ -229,7 +231,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
   ): Promise<Outcome> {
     if (!methods.has(request.method.toUpperCase())) return PASS;
-    const parsed = parseIdempotencyKey(request.keyHeader, bounds);
+    const parsed = parseIdempotencyKey(
+      keyOf === undefined ? request.keyHeader : await keyOf(request.raw),
+      bounds,
+    );
     if (parsed.ok === 'absent') {
       if (!config.required) return PASS;
       return { kind: 'rejected', error: keyMissing() };
@@ -305,6 +310,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
 
   return {
     mode,
+    keyHeader,
     maxBodyBytes,
     maxResponseBytes,
     handle,

@@ -11,12 +11,20 @@ export const ErrorCode = {
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
-/** Base class of every error retrysafe throws or renders; recognisable by `name` across package copies. */
+/**
+ * Base class of every error retrysafe throws or renders: `ConfigError` for a bad option,
+ * `IdempotencyError` for an outcome answered over HTTP, and the few runtime errors of stores and
+ * the client (`MemoryStoreFullError`, `RetryBudgetExceededError`). Recognisable by `name` across
+ * package copies.
+ */
 export class RetrysafeError extends Error {
   override name = 'RetrysafeError';
 }
 
-/** A bad option, thrown at construction with the option's name in the message. */
+/**
+ * A bad option, thrown at construction with the option's name in the message (unknown names come
+ * with the nearest known one); the client also throws it for a call's own bad options.
+ */
 export class ConfigError extends RetrysafeError {
   override name = 'ConfigError';
 }

@@ -1,6 +1,6 @@
 export type { CollectorState, HeaderReader, ResponseCollector } from './collector.js';
 export type { EncryptionKey } from './crypto.js';
-export type { Duration } from './duration.js';
+export { type Duration, parseDuration } from './duration.js';
 export {
   type CapturedResponse,
   createIdempotency,
@@ -29,5 +29,7 @@ export {
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
+  type Register,
+  type RegisteredTx,
   type StoredResponse,
 } from './types.js';

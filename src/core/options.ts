@@ -4,8 +4,9 @@ import { type Duration, toMs } from './duration.js';
 import { ConfigError, type IdempotencyError } from './errors.js';
 import type { FingerprintBody } from './fingerprint.js';
 import type { KeyBounds } from './key.js';
+import { checkOptions, optionNames } from './option-names.js';
 import { credentialScope } from './scope.js';
-import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
+import { type AtomicStore, type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
 
 /** Response headers replayed by default; everything else (set-cookie, date, …) is never stored. */
 export const DEFAULT_REPLAY_HEADERS = [
@@ -35,72 +36,180 @@ export function defaultStoreStatus(status: number): boolean {
 /**
  * Options of `createIdempotency`. Every duration is ms or a string like `'30s'`, `'7d'`.
  * @typeParam Req the framework's request, handed to `scope`.
+ * @typeParam Tx the transaction an atomic store hands the handler, inferred from `store`.
  */
-export interface IdempotencyOptions<Req = unknown> {
-  /** Where records live: `memoryStore()`, `sqliteStore()`, `postgresStore()`, `redisStore()`. */
-  store: IdempotencyStore;
+export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
+  /**
+   * Where records live: `memoryStore()`, `sqliteStore()`, `postgresStore()`, `redisStore()`.
+   * Required; it has no default.
+   * @example store: sqliteStore({ filename: 'app.db' })
+   */
+  store: IdempotencyStore | AtomicStore<Tx>;
   /**
    * `lease`: claim, run, save — at most one concurrent execution; a crash re-runs after the lease.
    * `atomic`: claim, the handler's own writes (through `ctx.tx`) and the saved response commit in
    * one database transaction (SQL stores only) — exactly once for writes in that database.
    * @default 'lease'
+   * @example mode: 'atomic'
    */
   mode?: 'lease' | 'atomic';
-  /** Answer 400 when a guarded request has no key. @default false */
+  /**
+   * Answer 400 when a guarded request has no key.
+   * @default false
+   * @example required: true
+   */
   required?: boolean;
-  /** Methods guarded by keys; the others pass through untouched. @default ['POST', 'PATCH'] */
+  /**
+   * The request header that carries the key.
+   * @default 'Idempotency-Key'
+   * @example headerName: 'X-Idempotency-Key'
+   */
+  headerName?: string;
+  /**
+   * Where a request's key comes from, instead of the `headerName` header: a value checked as the
+   * header's would be, or `undefined` for no key.
+   * @default undefined (the `headerName` header)
+   * @example key: (req) => new URL(req.url, 'http://x').searchParams.get('key') ?? undefined
+   */
+  key?: (req: Req) => string | undefined | Promise<string | undefined>;
+  /**
+   * Methods guarded by keys; the others pass through untouched.
+   * @default ['POST', 'PATCH']
+   * @example methods: ['POST', 'PATCH', 'PUT']
+   */
   methods?: readonly string[];
-  /** Retention: how long a key replays its response; after that it names a new operation. @default '24h' */
+  /**
+   * Retention: how long a key replays its response; after that it names a new operation.
+   * @default '24h'
+   * @example ttl: '7d'
+   */
   ttl?: Duration;
   /**
    * How long a claim lasts unless renewed. A running handler renews its claim every third of the
    * lease, so this bounds how long a crashed process keeps a key (a retry then runs again), not
    * how long a handler may take. At 10 s a renewal goes out every 3.3 s, so one that fails or
    * stalls is followed by two more before the claim runs out, while a crash holds the key for
-   * 10 s at most.
+   * 10 s at most. Never longer than `ttl`: a longer one is shortened to it.
    * @default '10s'
+   * @example lease: '30s'
    */
   lease?: Duration;
-  /** `wait`: a duplicate of an in-progress request waits for it; `reject`: 409 at once. @default 'wait' */
+  /**
+   * `wait`: a duplicate of an in-progress request waits for it; `reject`: 409 at once.
+   * @default 'wait'
+   * @example concurrency: 'reject'
+   */
   concurrency?: 'wait' | 'reject';
-  /** How long a duplicate waits for the in-progress original before 409 + Retry-After. @default '10s' */
+  /**
+   * How long a duplicate waits for the in-progress original before 409 + Retry-After.
+   * @default '10s'
+   * @example wait: 2_000
+   */
   wait?: Duration;
-  /** `default`: mismatch is 409 with JSON errors; `ietf`: mismatch is 422 with problem+json. @default 'default' */
+  /**
+   * `default`: mismatch is 409 with JSON errors; `ietf`: mismatch is 422 with problem+json.
+   * @default 'default'
+   * @example profile: 'ietf'
+   */
   profile?: 'default' | 'ietf';
   /**
    * The authenticated client; the same key from two scopes names two operations.
    * @default a digest of the `Authorization` header (`credentialScope`); `''` for requests without one
+   * @example scope: (req) => req.headers['x-api-key-id'] ?? ''
    */
   scope?: (req: Req) => string | Promise<string>;
-  /** Maps a parsed JSON body before fingerprinting, e.g. `({ sentAt, ...rest }) => rest`. */
+  /**
+   * Maps a parsed JSON body before fingerprinting, so fields that legitimately differ between
+   * retries do not make a retry a mismatch.
+   * @default undefined (the whole canonical body)
+   * @example fingerprintBody: ({ sentAt, ...rest }) => rest
+   */
   fingerprintBody?: FingerprintBody;
-  /** Extra response headers to store and replay, besides the defaults. @default [] */
+  /**
+   * Extra response headers to store and replay, besides the defaults.
+   * @default []
+   * @example replayHeaders: ['x-request-cost']
+   */
   replayHeaders?: readonly string[];
   /**
    * Which statuses are saved; the others release the key, so a retry runs again. By default
    * 5xx are released (the retry may succeed), and so are 400, 413, 415, 422 and 429: the request
    * was never accepted, and the corrected one may reuse the key. Compose with `defaultStoreStatus`.
    * @default defaultStoreStatus: status < 500, except 400, 413, 415, 422, 429
+   * @example storeStatus: (status) => defaultStoreStatus(status) && status !== 409
    */
   storeStatus?: (status: number) => boolean;
-  /** Shortest and longest key accepted. @default 1, 255 */
+  /**
+   * Shortest key accepted.
+   * @default 1
+   * @example minKeyLength: 16
+   */
   minKeyLength?: number;
+  /**
+   * Longest key accepted.
+   * @default 255
+   * @example maxKeyLength: 64
+   */
   maxKeyLength?: number;
-  /** Largest request body read, in bytes (413 beyond). @default 1 MiB */
+  /**
+   * Largest request body read, in bytes (413 beyond).
+   * @default 1_048_576 (1 MiB)
+   * @example maxBodyBytes: 64 * 1024
+   */
   maxBodyBytes?: number;
-  /** Largest response kept for replay, in bytes. @default 1 MiB */
+  /**
+   * Largest response kept for replay, in bytes.
+   * @default 1_048_576 (1 MiB)
+   * @example maxResponseBytes: 256 * 1024
+   */
   maxResponseBytes?: number;
-  /** Bound on a single store call, so a stuck database answers 503 instead of hanging. @default '5s' */
+  /**
+   * Bound on a single store call, so a stuck database answers 503 instead of hanging.
+   * @default '5s'
+   * @example storeTimeout: '2s'
+   */
   storeTimeout?: Duration;
   /**
    * 32-byte key (Uint8Array or base64) to encrypt stored bodies with AES-256-GCM, or a key ring
    * `[current, ...previous]`: bodies are encrypted with the first and decrypted with any, so
    * records written before a rotation still replay. Drop a previous key once `ttl` has passed.
+   * @default undefined (bodies stored as sent)
+   * @example encryptionKey: [process.env.IDEMPOTENCY_KEY, process.env.IDEMPOTENCY_KEY_PREVIOUS]
    */
   encryptionKey?: EncryptionKey | readonly EncryptionKey[];
-  /** Renders engine errors; return `undefined` to keep the default JSON rendering. */
+  /**
+   * Renders engine errors; return `undefined` to keep the default JSON rendering.
+   * @default undefined (JSON; `profile: 'ietf'`: problem+json)
+   * @example onError: (error) => ({ status: error.status, headers: {}, body: Buffer.from(error.code) })
+   */
   onError?: (error: IdempotencyError) => StoredResponse | undefined;
 }
+
+/** Every option `createIdempotency` knows; adapters add their own to this list. */
+export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
+  store: true,
+  mode: true,
+  required: true,
+  headerName: true,
+  key: true,
+  methods: true,
+  ttl: true,
+  lease: true,
+  concurrency: true,
+  wait: true,
+  profile: true,
+  scope: true,
+  fingerprintBody: true,
+  replayHeaders: true,
+  storeStatus: true,
+  minKeyLength: true,
+  maxKeyLength: true,
+  maxBodyBytes: true,
+  maxResponseBytes: true,
+  storeTimeout: true,
+  encryptionKey: true,
+  onError: true,
+});
 
 const MiB = 1024 * 1024;
 
@@ -126,6 +235,9 @@ function oneOf<T extends string>(option: string, value: T | undefined, allowed: 
 export interface ResolvedOptions<Req = unknown> {
   readonly store: IdempotencyStore;
   readonly mode: 'lease' | 'atomic';
+  /** The lower-case header the key is read from; `undefined` when the `key` option reads it. */
+  readonly keyHeader: string | undefined;
+  readonly keyOf: ((req: Req) => string | undefined | Promise<string | undefined>) | undefined;
   readonly required: boolean;
   readonly concurrency: 'wait' | 'reject';
   readonly profile: 'default' | 'ietf';
@@ -149,8 +261,9 @@ export interface ResolvedOptions<Req = unknown> {
 }
 
 /** Checks every option once, at construction, and throws a ConfigError naming the first bad one. */
-export function resolveOptions<Req>(options: IdempotencyOptions<Req>): ResolvedOptions<Req> {
-  const { store } = options ?? ({} as IdempotencyOptions<Req>);
+export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): ResolvedOptions<Req> {
+  const options = checkOptions('createIdempotency()', given, ENGINE_OPTION_NAMES);
+  const { store } = options;
   if (!store || typeof store.claim !== 'function' || typeof store.complete !== 'function') {
     throw new ConfigError('retrysafe: option `store` is required and must implement the store contract');
   }
@@ -168,8 +281,10 @@ export function resolveOptions<Req>(options: IdempotencyOptions<Req>): ResolvedO
   const concurrency = oneOf('concurrency', options.concurrency, ['wait', 'reject']);
   const profile = oneOf('profile', options.profile, ['default', 'ietf']);
   const ttlMs = toMs('ttl', options.ttl ?? '24h', { min: 1 });
-  const leaseMs = toMs('lease', options.lease ?? '10s', { min: 1 });
-  if (leaseMs > ttlMs) throw new ConfigError('retrysafe: option `lease` must not exceed `ttl`');
+  // A record lives as long as the longer of its lease and retention, so a lease past a short
+  // retention (a demo's '2s') would keep the key for the lease instead: it is shortened to
+  // retention, and renewals keep a running handler's claim however short it is.
+  const leaseMs = Math.min(toMs('lease', options.lease ?? '10s', { min: 1 }), ttlMs);
   const waitMs = toMs('wait', options.wait ?? '10s');
   const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });
   const minKeyLength = positiveInt('minKeyLength', options.minKeyLength, 1);
@@ -183,7 +298,13 @@ export function resolveOptions<Req>(options: IdempotencyOptions<Req>): ResolvedO
     throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
   }
   const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
-  for (const fn of ['scope', 'fingerprintBody', 'storeStatus', 'onError'] as const) {
+  const headerName = options.headerName ?? 'Idempotency-Key';
+  if (typeof headerName !== 'string' || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(headerName)) {
+    throw new ConfigError(
+      `retrysafe: option \`headerName\` must be an HTTP header name; got ${JSON.stringify(headerName)}`,
+    );
+  }
+  for (const fn of ['scope', 'key', 'fingerprintBody', 'storeStatus', 'onError'] as const) {
     if (options[fn] !== undefined && typeof options[fn] !== 'function') {
       throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
     }
@@ -206,6 +327,8 @@ export function resolveOptions<Req>(options: IdempotencyOptions<Req>): ResolvedO
   return Object.freeze({
     store,
     mode,
+    keyHeader: options.key ? undefined : headerName.toLowerCase(),
+    keyOf: options.key,
     required: options.required ?? false,
     concurrency,
     profile,

@@ -162,3 +162,22 @@ export interface AtomicStore<Tx = unknown> extends IdempotencyStore {
 export function isAtomicStore(store: IdempotencyStore): store is AtomicStore {
   return typeof (store as Partial<AtomicStore>).atomic === 'function';
 }
+
+/**
+ * What a project declares once so that the request types of Express (`req.idempotency`), Fastify
+ * (`request.idempotency`) and Hono (`c.get('idempotency')` after `app.use`) know its transaction
+ * type. Those are global declarations of the frameworks, which no factory's `Tx` can reach; a
+ * Hono route naming the middleware, and node:http handlers, get `Tx` from the store instead.
+ * @example
+ * import type { PoolClient } from 'pg';
+ * declare module 'retrysafe' {
+ *   interface Register {
+ *     tx: PoolClient;
+ *   }
+ * }
+ */
+// biome-ignore lint/suspicious/noEmptyInterface: filled in by the project's module augmentation.
+export interface Register {}
+
+/** The `tx` a project declared in {@link Register}, else `unknown`. */
+export type RegisteredTx = Register extends { tx: infer Tx } ? Tx : unknown;

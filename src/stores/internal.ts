@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { ConfigError } from '../core/errors.js';
 import { type KeyPage, type KeyRecordSummary, type ListKeysOptions, MAX_LIST_LIMIT } from '../core/types.js';
 
 export const DEFAULT_PURGE_BATCH_SIZE = 1000;
@@ -19,9 +20,9 @@ export function listCursor(position: readonly string[]): string {
 /** Checks `list` options, naming `owner` in errors; `arity` is how many strings the store's cursors hold. */
 export function listRequest(owner: string, options: ListKeysOptions, arity: number): ListRequest {
   const limit = requirePositiveInteger(owner, 'limit', options.limit ?? DEFAULT_LIST_LIMIT);
-  if (limit > MAX_LIST_LIMIT) throw new RangeError(`${owner}: \`limit\` must be at most ${MAX_LIST_LIMIT}`);
+  if (limit > MAX_LIST_LIMIT) throw new ConfigError(`${owner}: \`limit\` must be at most ${MAX_LIST_LIMIT}`);
   if (options.scope !== undefined && typeof options.scope !== 'string') {
-    throw new TypeError(`${owner}: \`scope\` must be a string`);
+    throw new ConfigError(`${owner}: \`scope\` must be a string`);
   }
   if (options.after === undefined) return { limit, scope: options.scope, after: undefined };
   let after: unknown;
@@ -31,7 +32,7 @@ export function listRequest(owner: string, options: ListKeysOptions, arity: numb
     after = undefined;
   }
   if (!Array.isArray(after) || after.length !== arity || !after.every((part) => typeof part === 'string')) {
-    throw new RangeError(`${owner}: \`after\` is not a cursor this store returned`);
+    throw new ConfigError(`${owner}: \`after\` is not a cursor this store returned`);
   }
   return { limit, scope: options.scope, after };
 }
@@ -64,7 +65,7 @@ export function expiresAtMs(nowMs: number, leaseMs: number, ttlMs: number): numb
 
 export function requirePositiveInteger(owner: string, option: string, value: unknown): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
-    throw new RangeError(`${owner}: \`${option}\` must be a positive integer, got ${String(value)}`);
+    throw new ConfigError(`${owner}: \`${option}\` must be a positive integer, got ${String(value)}`);
   }
   return value;
 }

@@ -1,3 +1,5 @@
+import { RetrysafeError } from '../core/errors.js';
+import { checkOptions, optionNames } from '../core/option-names.js';
 import type {
   ClaimInput,
   ClaimResult,
@@ -25,18 +27,20 @@ export interface MemoryStoreOptions {
    * (a retry of an evicted key runs again); an in-progress record is never evicted, and a claim
    * that finds only in-progress records throws {@link MemoryStoreFullError}.
    * @default 100_000
+   * @example maxRecords: 10_000
    */
   maxRecords?: number;
   /**
    * How often a timer removes records whose retention has passed. The timer is `unref`'d and
    * stopped by `close()`; expired records also read as absent before it runs.
    * @default 60_000
+   * @example sweepIntervalMs: 5_000
    */
   sweepIntervalMs?: number;
 }
 
 /** Thrown by `claim` when the store holds `maxRecords` records and every one is in progress. */
-export class MemoryStoreFullError extends Error {
+export class MemoryStoreFullError extends RetrysafeError {
   override readonly name = 'MemoryStoreFullError';
 }
 
@@ -66,7 +70,10 @@ function copyResponse(response: StoredResponse): StoredResponse {
  * const store = memoryStore({ maxRecords: 10_000 });
  * ```
  */
-export function memoryStore(options: MemoryStoreOptions = {}): IdempotencyStore {
+const OPTION_NAMES = optionNames<MemoryStoreOptions>({ maxRecords: true, sweepIntervalMs: true });
+
+export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
+  const options = checkOptions('memoryStore()', given, OPTION_NAMES);
   const maxRecords = requirePositiveInteger('memoryStore', 'maxRecords', options.maxRecords ?? 100_000);
   const sweepIntervalMs = requirePositiveInteger(
     'memoryStore',

@@ -1,5 +1,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 import pg from 'pg';
+import { ConfigError, RetrysafeError } from '../core/errors.js';
+import { checkOptions, optionNames } from '../core/option-names.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -24,16 +26,26 @@ export interface PostgresStoreOptions {
   /**
    * A `pg` pool to use. The store never ends it, and its owner should handle its `error` event
    * (a dropped idle connection is otherwise an uncaught error). One of `pool`/`connectionString`.
+   * @default undefined
+   * @example pool: new pg.Pool({ connectionString: process.env.DATABASE_URL })
    */
   pool?: pg.Pool;
-  /** A `postgres://` URL; the store then owns a pool built with the timeouts below. */
+  /**
+   * A `postgres://` URL; the store then owns a pool built with the timeouts below.
+   * @default undefined
+   * @example connectionString: 'postgres://app@127.0.0.1:5432/app'
+   */
   connectionString?: string;
   /**
    * Schema of the table; `migrate()` creates it when missing.
    * @default 'public'
+   * @example schema: 'shop'
    */
   schema?: string;
-  /** @default 'idempotency_keys' */
+  /**
+   * The table holding the records.
+   * @default 'idempotency_keys'
+   */
   table?: string;
   /**
    * Connections of the store's own pool.
@@ -91,7 +103,9 @@ interface Statement {
 
 function identifier(name: string, value: string): string {
   if (!IDENTIFIER.test(value)) {
-    throw new TypeError(`postgresStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`);
+    throw new ConfigError(
+      `postgresStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`,
+    );
   }
   return value;
 }
@@ -161,9 +175,20 @@ interface RecordRow {
  * await store.migrate();
  * ```
  */
-export function postgresStore(options: PostgresStoreOptions): PostgresStore {
-  if (!options || (options.pool === undefined) === (options.connectionString === undefined)) {
-    throw new TypeError('postgresStore: give exactly one of `pool` or `connectionString`');
+const OPTION_NAMES = optionNames<PostgresStoreOptions>({
+  pool: true,
+  connectionString: true,
+  schema: true,
+  table: true,
+  maxConnections: true,
+  connectTimeoutMs: true,
+  statementTimeoutMs: true,
+});
+
+export function postgresStore(given: PostgresStoreOptions): PostgresStore {
+  const options = checkOptions('postgresStore()', given, OPTION_NAMES);
+  if ((options.pool === undefined) === (options.connectionString === undefined)) {
+    throw new ConfigError('postgresStore: give exactly one of `pool` or `connectionString`');
   }
   const schema = identifier('schema', options.schema ?? 'public');
   const table = identifier('table', options.table ?? 'idempotency_keys');
@@ -625,7 +650,7 @@ export function postgresStore(options: PostgresStoreOptions): PostgresStore {
         await client.query(`EXECUTE ${ATOMIC.complete.name}(${literals(values)}); COMMIT`);
       } catch (error) {
         if ((error as { code?: string }).code !== DIVISION_BY_ZERO) throw error;
-        throw new Error('postgresStore: the atomic claim was lost before commit', { cause: error });
+        throw new RetrysafeError('postgresStore: the atomic claim was lost before commit', { cause: error });
       }
       return { outcome: 'executed', response: result.response, committed: true };
     } catch (error) {

@@ -1,4 +1,6 @@
 import { Redis } from 'ioredis';
+import { ConfigError, RetrysafeError } from '../core/errors.js';
+import { checkOptions, optionNames } from '../core/option-names.js';
 import type { ClaimResult, IdempotencyStore, KeyRecordSummary, StoredResponse } from '../core/types.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
@@ -17,13 +19,20 @@ export interface RedisStoreOptions {
    * An ioredis client to use; the store defines its scripts on it and never closes it. Give it a
    * `commandTimeout` (or `maxRetriesPerRequest` and `enableOfflineQueue: false`) so commands reject
    * while Redis is down instead of queueing. One of `client`/`url`.
+   * @default undefined
+   * @example client: new Redis({ commandTimeout: 2000 })
    */
   client?: Redis;
-  /** A `redis://` URL; the store then owns a client built with the timeouts below. */
+  /**
+   * A `redis://` URL; the store then owns a client built with the timeouts below.
+   * @default undefined
+   * @example url: 'redis://127.0.0.1:6379'
+   */
   url?: string;
   /**
    * Prepended to every key the store writes and to its pub/sub channel.
    * @default 'retrysafe:'
+   * @example prefix: 'shop:idem:'
    */
   prefix?: string;
   /**
@@ -32,7 +41,10 @@ export interface RedisStoreOptions {
    * @default 2000
    */
   commandTimeoutMs?: number;
-  /** @default 2000 */
+  /**
+   * How long the store's own client may take to connect before a command rejects.
+   * @default 2000
+   */
   connectTimeoutMs?: number;
 }
 
@@ -136,7 +148,11 @@ function firstReady(client: Redis, timeoutMs: number): Promise<void> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
       client.off('ready', onReady);
-      reject(new Error(`redisStore: no connection to Redis within ${timeoutMs} ms (\`connectTimeoutMs\`)`));
+      reject(
+        new RetrysafeError(
+          `redisStore: no connection to Redis within ${timeoutMs} ms (\`connectTimeoutMs\`)`,
+        ),
+      );
     }, timeoutMs);
     const onReady = () => {
       clearTimeout(timer);
@@ -171,12 +187,21 @@ function toBuffer(body: Uint8Array): Buffer {
  * const store = redisStore({ url: 'redis://127.0.0.1:6379', prefix: 'shop:idem:' });
  * ```
  */
-export function redisStore(options: RedisStoreOptions): IdempotencyStore {
-  if (!options || (options.client === undefined) === (options.url === undefined)) {
-    throw new TypeError('redisStore: give exactly one of `client` or `url`');
+const OPTION_NAMES = optionNames<RedisStoreOptions>({
+  client: true,
+  url: true,
+  prefix: true,
+  commandTimeoutMs: true,
+  connectTimeoutMs: true,
+});
+
+export function redisStore(given: RedisStoreOptions): IdempotencyStore {
+  const options = checkOptions('redisStore()', given, OPTION_NAMES);
+  if ((options.client === undefined) === (options.url === undefined)) {
+    throw new ConfigError('redisStore: give exactly one of `client` or `url`');
   }
   const prefix = options.prefix ?? 'retrysafe:';
-  if (typeof prefix !== 'string') throw new TypeError('redisStore: `prefix` must be a string');
+  if (typeof prefix !== 'string') throw new ConfigError('redisStore: `prefix` must be a string');
   const commandTimeoutMs = requirePositiveInteger(
     'redisStore',
     'commandTimeoutMs',
@@ -291,7 +316,7 @@ export function redisStore(options: RedisStoreOptions): IdempotencyStore {
             },
           };
         default:
-          throw new Error(`redisStore: unexpected claim reply ${outcome}`);
+          throw new RetrysafeError(`redisStore: unexpected claim reply ${outcome}`);
       }
     },
 

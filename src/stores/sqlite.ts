@@ -1,6 +1,8 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
+import { ConfigError, RetrysafeError } from '../core/errors.js';
+import { checkOptions, optionNames } from '../core/option-names.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -25,16 +27,23 @@ import {
 } from './internal.js';
 
 export interface SqliteStoreOptions {
-  /** The database file to open (created if missing). Give this or `database`, not both. */
+  /**
+   * The database file to open (created if missing). Give this or `database`, not both.
+   * @default undefined
+   * @example filename: 'app.db'
+   */
   filename?: string;
   /**
    * An open better-sqlite3 connection to use instead, e.g. the one holding the application's own
    * tables (atomic mode needs that). It is used as configured and `close()` leaves it open.
+   * @default undefined
+   * @example database: new Database('library.db')
    */
   database?: Database.Database;
   /**
    * The table holding the records; created with its index if missing.
    * @default 'idempotency_keys'
+   * @example table: 'loan_keys'
    */
   table?: string;
   /**
@@ -51,8 +60,18 @@ export interface SqliteStoreOptions {
    * @default 10
    */
   pollIntervalMs?: number;
-  /** @default 250 */
+  /**
+   * Longest delay between the reads of `wait`.
+   * @default 250
+   */
   maxPollIntervalMs?: number;
+  /**
+   * The clock records are stamped and judged by (creation, lease, retention), in ms since the
+   * epoch. Tests and demos move it to age keys without waiting.
+   * @default Date.now
+   * @example now: () => Date.now() + 30 * 86_400_000
+   */
+  now?: () => number;
 }
 
 /** The SQLite store: an {@link AtomicStore} whose transaction handle is the connection itself. */
@@ -143,20 +162,31 @@ const TABLE_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
  * });
  * ```
  */
-export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
+const OPTION_NAMES = optionNames<SqliteStoreOptions>({
+  filename: true,
+  database: true,
+  table: true,
+  busyTimeoutMs: true,
+  pollIntervalMs: true,
+  maxPollIntervalMs: true,
+  now: true,
+});
+
+export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
+  const options = checkOptions('sqliteStore()', given, OPTION_NAMES);
   const { filename, database } = options;
   if ((filename === undefined) === (database === undefined)) {
-    throw new TypeError('sqliteStore: give exactly one of `filename` or `database`');
+    throw new ConfigError('sqliteStore: give exactly one of `filename` or `database`');
   }
   if (filename !== undefined && (typeof filename !== 'string' || filename === '')) {
-    throw new TypeError('sqliteStore: `filename` must be a non-empty string');
+    throw new ConfigError('sqliteStore: `filename` must be a non-empty string');
   }
   if (database !== undefined && typeof (database as Partial<Database.Database>).prepare !== 'function') {
-    throw new TypeError('sqliteStore: `database` must be a better-sqlite3 Database');
+    throw new ConfigError('sqliteStore: `database` must be a better-sqlite3 Database');
   }
   const table = options.table ?? 'idempotency_keys';
   if (typeof table !== 'string' || !TABLE_NAME.test(table)) {
-    throw new TypeError(`sqliteStore: \`table\` must match ${TABLE_NAME}, got ${JSON.stringify(table)}`);
+    throw new ConfigError(`sqliteStore: \`table\` must match ${TABLE_NAME}, got ${JSON.stringify(table)}`);
   }
   const busyTimeoutMs = requirePositiveInteger('sqliteStore', 'busyTimeoutMs', options.busyTimeoutMs ?? 5000);
   const pollIntervalMs = requirePositiveInteger(
@@ -169,8 +199,10 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     'maxPollIntervalMs',
     options.maxPollIntervalMs ?? 250,
   );
+  const now = options.now ?? Date.now;
+  if (typeof now !== 'function') throw new ConfigError('sqliteStore: `now` must be a function');
   if (maxPollIntervalMs < pollIntervalMs) {
-    throw new RangeError('sqliteStore: `maxPollIntervalMs` must not be less than `pollIntervalMs`');
+    throw new ConfigError('sqliteStore: `maxPollIntervalMs` must not be less than `pollIntervalMs`');
   }
 
   const ownsDatabase = database === undefined;
@@ -268,7 +300,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   // Run inside a write transaction: the insert and the read of the row it collided with then see
   // one state even across processes.
   function claimIn(input: ClaimInput): ClaimResult {
-    const nowMs = Date.now();
+    const nowMs = now();
     const token = newToken();
     const inserted = claimStatement.get({
       scope: input.scope,
@@ -305,7 +337,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   // lock. Only outside a transaction: inside one, the read could see a record not committed yet.
   function completedNow(input: ClaimInput): Settled | undefined {
     if (db.inTransaction) return undefined;
-    const nowMs = Date.now();
+    const nowMs = now();
     const row = selectRecord.get(input.scope, input.key);
     if (!row || row.completed_at_ms === null || row.expires_at_ms <= nowMs) return undefined;
     return existing(row, input, nowMs);
@@ -377,7 +409,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
       scope,
       key,
       token,
-      nowMs: Date.now(),
+      nowMs: now(),
       status: response.status,
       headers: JSON.stringify(response.headers),
       body: response.body,
@@ -451,7 +483,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
         const { response, commit } = await work(connection);
         if (commit && !completeNow(input.scope, input.key, claimed.token, response)) {
           // Only possible when the work outlived the record's retention: keep nothing.
-          throw new Error('sqliteStore.atomic: the record expired while the work ran; rolled back');
+          throw new RetrysafeError('sqliteStore.atomic: the record expired while the work ran; rolled back');
         }
         return { value: { outcome: 'executed', response, committed: commit }, commit };
       }, input.timeoutMs);
@@ -483,7 +515,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
 
   async function release(scope: string, key: string, token: string) {
     const done = await exclusive(
-      () => releaseStatement.run({ scope, key, token, nowMs: Date.now() }).changes === 1,
+      () => releaseStatement.run({ scope, key, token, nowMs: now() }).changes === 1,
     );
     if (done) waiters.wake(recordId(scope, key));
     return done;
@@ -496,7 +528,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
       whenUnlocked(
         deadlineMs,
         withoutBusyWait(() => {
-          const nowMs = Date.now();
+          const nowMs = now();
           return (
             renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1
           );
@@ -510,17 +542,17 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     const deadlineMs = Date.now() + timeoutMs;
     let intervalMs = pollIntervalMs;
     for (;;) {
-      const nowMs = Date.now();
-      if (closed || nowMs >= deadlineMs) return;
+      const leftMs = deadlineMs - Date.now();
+      if (closed || leftMs <= 0) return;
       let leaseLeftMs = intervalMs;
       // An atomic original of this process may still be queued: no row yet, but in progress.
       if (!holding.has(id)) {
         const row = selectLease.get(scope, key);
         if (!row || row.completed_at_ms !== null) return;
-        leaseLeftMs = row.lease_until_ms - nowMs;
+        leaseLeftMs = row.lease_until_ms - now();
         if (leaseLeftMs <= 0) return;
       }
-      await waiters.sleep(id, Math.min(intervalMs, deadlineMs - nowMs, leaseLeftMs));
+      await waiters.sleep(id, Math.min(intervalMs, leftMs, leaseLeftMs));
       intervalMs = Math.min(intervalMs * 2, maxPollIntervalMs);
     }
   }
@@ -530,7 +562,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     let deleted = 0;
     for (;;) {
       const startedMs = performance.now();
-      const { changes } = await exclusive(() => purgeStatement.run({ nowMs: Date.now(), batchSize }));
+      const { changes } = await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize }));
       deleted += changes;
       if (changes < batchSize) return deleted;
       // A batch holds the event loop and the write lock; rest as long as it took, so requests
@@ -543,7 +575,7 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
     const { limit, scope, after } = listRequest('sqliteStore.list', options, 2);
     const position = !after ? 'none' : scope !== undefined && after[0] === scope ? 'key' : 'row';
     const rows = listStatement(scope !== undefined, position).all({
-      nowMs: Date.now(),
+      nowMs: now(),
       scope,
       afterScope: after?.[0],
       afterKey: after?.[1],
@@ -553,12 +585,12 @@ export function sqliteStore(options: SqliteStoreOptions): SqliteStore {
   }
 
   async function get(scope: string, key: string) {
-    const row = selectSummary.get(scope, key, Date.now());
+    const row = selectSummary.get(scope, key, now());
     return row && summaryOf(row);
   }
 
   async function deleteRecord(scope: string, key: string) {
-    const done = await exclusive(() => deleteStatement.run(scope, key, Date.now()).changes === 1);
+    const done = await exclusive(() => deleteStatement.run(scope, key, now()).changes === 1);
     if (done) waiters.wake(recordId(scope, key));
     return done;
   }

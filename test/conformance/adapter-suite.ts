@@ -481,6 +481,21 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
           }),
         );
 
+        it('headerName: the key is read from that header, and Idempotency-Key is then ignored', () =>
+          withApp({ headerName: 'X-Request-Key', required: true }, async (app) => {
+            const key = newKey();
+            const headers = { 'x-request-key': key };
+            const first = await send(app, 'POST', '/orders', { body: { a: 1 }, headers });
+            const second = await send(app, 'POST', '/orders', { body: { a: 1 }, headers });
+            expectReplayOf(second, first);
+            expectError(
+              await send(app, 'POST', '/orders', { key, body: { a: 1 } }),
+              400,
+              'idempotency_key_missing',
+            );
+            expect(app.calls['POST /orders']).toBe(1);
+          }));
+
         it('a quoted sf-string key and the same bare key name one operation', () =>
           withApp({}, async (app) => {
             const key = newKey();

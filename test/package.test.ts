@@ -1,0 +1,248 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+
+/**
+ * The package as a user gets it: `npm pack`, then `npm install <tarball>` into fresh projects
+ * (ES-module JavaScript, strict TypeScript with `nodenext`, CommonJS), where every README quick
+ * start runs. The tarball's own dependencies install from the npm cache; the frameworks, drivers
+ * and @types a user adds next to it are linked from this repository's node_modules (better-sqlite3
+ * builds natively, which an offline install cannot).
+ */
+const root = join(import.meta.dirname, '..');
+const work = mkdtempSync(join(tmpdir(), 'retrysafe-package-'));
+const FRAMEWORKS = ['express', 'fastify', 'hono', 'koa', 'nestjs', 'node'] as const;
+// Plain JavaScript has no decorators: the NestJS quick start applies them by hand, which no type
+// checker follows, and a TypeScript user writes them as decorators instead. @types/koa does not
+// compile against the content-disposition it pulls in (without skipLibCheck), so Koa is left out.
+const TYPESCRIPT_FRAMEWORKS = ['express', 'fastify', 'hono', 'node'] as const;
+const PEERS = [
+  'express',
+  'fastify',
+  'hono',
+  '@hono/node-server',
+  'koa',
+  '@koa/bodyparser',
+  '@nestjs/common',
+  '@nestjs/core',
+  '@nestjs/platform-express',
+  'reflect-metadata',
+  'rxjs',
+  'better-sqlite3',
+];
+const TYPES = ['typescript', '@types/node', '@types/express', '@types/better-sqlite3'];
+const children: ChildProcess[] = [];
+let tarball: string;
+let files: string[];
+
+const run = (cmd: string, args: string[], cwd: string) =>
+  execFileSync(cmd, args, { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 120_000 });
+
+function project(name: string, packageJson: object, links: string[]): string {
+  const dir = join(work, name);
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, 'package.json'), JSON.stringify({ name, private: true, ...packageJson }));
+  run('npm', ['install', tarball, '--prefer-offline', '--no-audit', '--no-fund', '--ignore-scripts'], dir);
+  for (const link of links) {
+    mkdirSync(join(dir, 'node_modules', link, '..'), { recursive: true });
+    symlinkSync(join(root, 'node_modules', link), join(dir, 'node_modules', link), 'dir');
+  }
+  return dir;
+}
+
+const quickStart = (framework: string) => readFileSync(join(root, 'examples', framework, 'app.js'), 'utf8');
+
+/** The same quick start for a CommonJS project: `require` for `import`, top-level await in a function. */
+function asCommonJs(source: string): string {
+  const body = source
+    .replace(/^import (\w+) from '([^']+)';$/gm, "const $1 = require('$2');")
+    .replace(/^import \{ ([^}]+) \} from '([^']+)';$/gm, "const { $1 } = require('$2');");
+  return `(async () => {\n${body}\n})();\n`;
+}
+
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const probe = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as { port: number };
+      probe.close(() => resolve(port));
+    });
+    probe.once('error', reject);
+  });
+}
+
+/** Starts `file` in `dir` and checks the quick start's promise: 400 without a key, then a replay. */
+async function serveOneReplay(dir: string, file: string): Promise<void> {
+  const port = await freePort();
+  const child = spawn(process.execPath, [file], {
+    cwd: dir,
+    env: { ...process.env, PORT: String(port), HOST: '127.0.0.1' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  children.push(child);
+  let stderr = '';
+  child.stderr!.on('data', (chunk) => {
+    stderr += chunk;
+  });
+  await new Promise<void>((resolve, reject) => {
+    child.once('exit', (code) => reject(new Error(`${file} exited with ${code}:\n${stderr}`)));
+    createInterface({ input: child.stdout! }).on('line', (line) => {
+      if (line.includes('listening on')) resolve();
+    });
+  });
+  const order = (key?: string) =>
+    fetch(`http://127.0.0.1:${port}/orders`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
+      body: JSON.stringify({ item: 'book' }),
+    });
+  try {
+    expect((await order()).status).toBe(400);
+    const first = await order('order-1');
+    expect(first.status).toBe(201);
+    const body = await first.json();
+    expect(body).toEqual({ id: 1, order: { item: 'book' }, key: 'order-1' });
+    const retry = await order('order-1');
+    expect(retry.headers.get('idempotency-replayed')).toBe('true');
+    expect(await retry.json()).toEqual(body);
+  } finally {
+    child.kill();
+  }
+}
+
+beforeAll(() => {
+  const packed = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', work], root)) as [
+    { filename: string; files: { path: string }[] },
+  ];
+  tarball = join(work, packed[0].filename);
+  files = packed[0].files.map((file) => file.path);
+}, 60_000);
+afterAll(() => {
+  for (const child of children) child.kill();
+  rmSync(work, { recursive: true, force: true });
+});
+
+describe('the tarball', () => {
+  it('ships LICENSE, README, CHANGELOG and dist, nothing of src or test', () => {
+    expect(files).toEqual(expect.arrayContaining(['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json']));
+    expect(
+      files.every((file) => /^(dist\/|LICENSE$|README\.md$|CHANGELOG\.md$|package\.json$)/.test(file)),
+    ).toBe(true);
+  });
+
+  it('source maps carry their sources, since src/ is not shipped', () => {
+    const dist = join(root, 'dist');
+    for (const map of files.filter((file) => file.endsWith('.js.map'))) {
+      const parsed = JSON.parse(readFileSync(join(dist, '..', map), 'utf8')) as {
+        sources: string[];
+        sourcesContent?: string[];
+      };
+      expect(parsed.sourcesContent?.length, map).toBe(parsed.sources.length);
+    }
+  });
+
+  it('declares only dependencies that dist uses', () => {
+    const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
+      dependencies: Record<string, string>;
+    };
+    const shipped = files
+      .filter((file) => /\.(js|d\.ts)$/.test(file))
+      .map((file) => readFileSync(join(root, file), 'utf8'))
+      .join('\n');
+    for (const dependency of Object.keys(pkg.dependencies)) {
+      const name = dependency.replace(/^@types\//, '');
+      expect(shipped, dependency).toMatch(new RegExp(`from '${name}(/[^']*)?'`));
+    }
+  });
+});
+
+describe('an ES-module JavaScript project', () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = project('esm-js', { type: 'module' }, PEERS);
+  }, 120_000);
+
+  it.each(FRAMEWORKS)('runs the %s quick start', { timeout: 30_000 }, async (framework) => {
+    writeFileSync(join(dir, `${framework}.js`), quickStart(framework));
+    await serveOneReplay(dir, `${framework}.js`);
+  });
+
+  it('a misspelt option fails at once, naming the option meant', () => {
+    writeFileSync(
+      join(dir, 'typo.js'),
+      "import { memoryStore } from 'retrysafe/memory';\nimport { idempotency } from 'retrysafe/express';\n" +
+        'idempotency({ store: memoryStore(), requried: true });\n',
+    );
+    let stderr = '';
+    try {
+      run(process.execPath, ['typo.js'], dir);
+    } catch (error) {
+      stderr = String((error as { stderr?: string }).stderr);
+    }
+    expect(stderr).toMatch(
+      /ConfigError: retrysafe: express idempotency\(\) has no option `requried`\. Did you mean `required`\?/,
+    );
+  });
+});
+
+describe('a strict TypeScript project (module nodenext)', () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = project('strict-ts', { type: 'module' }, [...PEERS, ...TYPES]);
+    writeFileSync(
+      join(dir, 'tsconfig.json'),
+      JSON.stringify({
+        compilerOptions: {
+          target: 'ES2022',
+          module: 'nodenext',
+          moduleResolution: 'nodenext',
+          strict: true,
+          noUncheckedIndexedAccess: true,
+          skipLibCheck: false,
+          outDir: 'out',
+          types: ['node'],
+        },
+        include: ['*.ts'],
+      }),
+    );
+    for (const framework of TYPESCRIPT_FRAMEWORKS)
+      writeFileSync(join(dir, `${framework}.ts`), quickStart(framework));
+  }, 120_000);
+
+  it('compiles every quick start', { timeout: 120_000 }, () => {
+    let output = '';
+    try {
+      run(process.execPath, [join(dir, 'node_modules/typescript/bin/tsc'), '-p', dir], dir);
+    } catch (error) {
+      output = String((error as { stdout?: string }).stdout);
+    }
+    expect(output).toBe('');
+  });
+
+  it.each(TYPESCRIPT_FRAMEWORKS)(
+    'runs the compiled %s quick start',
+    { timeout: 30_000 },
+    async (framework) => {
+      await serveOneReplay(dir, `out/${framework}.js`);
+    },
+  );
+});
+
+describe('a CommonJS project', () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = project('cjs', { type: 'commonjs' }, PEERS);
+  }, 120_000);
+
+  it.each(FRAMEWORKS)(
+    "runs the %s quick start with require('retrysafe/…')",
+    { timeout: 30_000 },
+    async (framework) => {
+      writeFileSync(join(dir, `${framework}.js`), asCommonJs(quickStart(framework)));
+      await serveOneReplay(dir, `${framework}.js`);
+    },
+  );
+});
