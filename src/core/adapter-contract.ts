@@ -9,7 +9,10 @@ export interface IncomingRequest<Req = unknown> {
   method: string;
   /** Path and query string. */
   path: string;
-  /** The `Idempotency-Key` header: an array when it appeared more than once. */
+  /**
+   * The value of the engine's `keyHeader` (`Idempotency-Key` unless `headerName` says otherwise):
+   * an array when it appeared more than once; `undefined` when absent or when `keyHeader` is.
+   */
   keyHeader: string | readonly string[] | undefined;
   contentType: string | undefined;
   /** The `Authorization` header, for the default `scope`. */
