@@ -3,7 +3,7 @@ import { parseArgs } from 'node:util';
 import type { IdempotencyStore } from './core/types.js';
 
 const USAGE = `Usage:
-  retrysafe migrate --database-url <url> [--schema <name>] [--table <name>]
+  retrysafe migrate --database-url <url> [--schema <name>] [--table <name>] [--print]
   retrysafe purge   --database-url <url> [--schema <name>] [--table <name>] [--batch-size <n>]
 
   --database-url  a postgres:// (or postgresql://) URL, or the path of a SQLite file;
@@ -11,6 +11,7 @@ const USAGE = `Usage:
   --schema        PostgreSQL schema of the table (default: public)
   --table         table of the records (default: idempotency_keys)
   --batch-size    records deleted per statement by purge (default: 1000)
+  --print         print the SQL of migrate instead of running it, for your own migration tool
 
 migrate creates the table and its index when missing (safe to run again);
 purge deletes the records whose retention has passed and prints how many.`;
@@ -59,6 +60,16 @@ async function openStore(
   return { store, migrate: async () => {}, label: `"${table ?? 'idempotency_keys'}" in ${databaseUrl}` };
 }
 
+async function migrationSql(databaseUrl: string, schema?: string, table?: string): Promise<string[]> {
+  if (POSTGRES_URL.test(databaseUrl)) {
+    const { postgresMigrationSql } = await import('./stores/postgres.js');
+    return postgresMigrationSql({ schema, table });
+  }
+  if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
+  const { sqliteMigrationSql } = await import('./stores/sqlite.js');
+  return sqliteMigrationSql({ table });
+}
+
 async function main(argv: string[]): Promise<void> {
   const { positionals, values } = parseArgs({
     args: argv,
@@ -68,6 +79,7 @@ async function main(argv: string[]): Promise<void> {
       schema: { type: 'string' },
       table: { type: 'string' },
       'batch-size': { type: 'string' },
+      print: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
     },
   });
@@ -88,6 +100,11 @@ async function main(argv: string[]): Promise<void> {
   }
   if (command === 'migrate' && batchSize !== undefined)
     throw new UsageError('--batch-size applies to purge only');
+  if (command === 'purge' && values.print) throw new UsageError('--print applies to migrate only');
+  if (values.print) {
+    console.log(`${(await migrationSql(databaseUrl, values.schema, values.table)).join(';\n\n')};`);
+    return;
+  }
 
   const target = await openStore(command, databaseUrl, values.schema, values.table);
   try {

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { postgresStore } from '../src/stores/postgres.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
@@ -79,6 +80,23 @@ describe('retrysafe CLI', () => {
       expect(existsSync(mistyped)).toBe(false);
     });
 
+    it('migrate --print prints the SQL and touches no database', async () => {
+      const path = join(dir, 'not-created.db');
+      const run = await cli('migrate', '--print', '--database-url', path, '--table', 'keys');
+      expect(run).toMatchObject({ code: 0, stderr: '' });
+      expect(existsSync(path)).toBe(false);
+      const db = new Database(':memory:');
+      try {
+        db.exec(run.stdout);
+        expect(
+          db.prepare("SELECT name FROM sqlite_master WHERE tbl_name = 'keys' ORDER BY 1").pluck().all(),
+        ).toEqual(['keys', 'keys_expires_at_ms', 'sqlite_autoindex_keys_1']);
+      } finally {
+        db.close();
+      }
+      expect((await cli('purge', '--print', '--database-url', path)).code).toBe(2);
+    });
+
     it('migrate creates the table; purge deletes only expired records and prints the count', async () => {
       expect((await cli('migrate', '--database-url', file, '--table', 'keys')).code).toBe(0);
       const db = new Database(file);
@@ -118,6 +136,30 @@ describe('retrysafe CLI', () => {
         [schema],
       );
       expect(indexes.map((r) => r.indexname)).toEqual(['keys_expires_at_ms', 'keys_pkey']);
+    });
+
+    it('migrate --print prints SQL that makes a working table, without connecting', async () => {
+      const own = `${schema}_print`;
+      // Port 1: a connection attempt would fail the run.
+      const run = await cli(
+        'migrate',
+        '--print',
+        '--database-url',
+        'postgres://postgres@127.0.0.1:1/test',
+        '--schema',
+        own,
+      );
+      expect(run).toMatchObject({ code: 0, stderr: '' });
+      expect(run.stdout).toContain(`CREATE TABLE IF NOT EXISTS "${own}"."idempotency_keys"`);
+      const store = postgresStore({ connectionString: PG_URL, schema: own });
+      try {
+        await admin.query(run.stdout);
+        const input = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1000, ttlMs: 1000 };
+        expect((await store.claim(input)).outcome).toBe('acquired');
+      } finally {
+        await store.close();
+        await admin.query(`DROP SCHEMA IF EXISTS "${own}" CASCADE`);
+      }
     });
 
     it('purge deletes only expired records and prints the count', async () => {

@@ -377,3 +377,104 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     });
   });
 });
+
+describe.skipIf(!hasPostgres)('postgres store without its table', () => {
+  const schema = uniqueName('rs_pg_nomig');
+  const admin = new pg.Pool({ connectionString: PG_URL, max: 1 });
+  const input = (key: string): ClaimInput => ({
+    scope: 's',
+    key,
+    fingerprint: 'f',
+    leaseMs: 10_000,
+    ttlMs: 60_000,
+  });
+
+  afterAll(async () => {
+    await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    await admin.end();
+  });
+
+  it('fails every call with a ConfigError naming `retrysafe migrate`, then works once migrated', async () => {
+    const store = postgresStore({ connectionString: PG_URL, schema, maxConnections: 1 });
+    try {
+      const calls = [
+        () => store.claim(input('k')),
+        () => store.complete('s', 'k', 't', response('x')),
+        () => store.release('s', 'k', 't'),
+        () => store.renew('s', 'k', 't', 1000),
+        () => store.wait('s', 'k', 1000),
+        () => store.purgeExpired(),
+        () => store.atomic(input('k'), async () => ({ response: response('x'), commit: true })),
+      ];
+      for (const call of calls) {
+        const error = await call().then(
+          () => undefined,
+          (e: unknown) => e,
+        );
+        expect(error).toMatchObject({ name: 'ConfigError' });
+        expect((error as Error).message).toContain(`"${schema}"."idempotency_keys"`);
+        expect((error as Error).message).toContain('retrysafe migrate');
+      }
+      await store.migrate();
+      // The same connection, whose named statements failed to parse before, now runs them.
+      expect((await store.claim(input('k'))).outcome).toBe('acquired');
+      expect(
+        (await store.atomic(input('k2'), async () => ({ response: response('x'), commit: true }))).outcome,
+      ).toBe('executed');
+    } finally {
+      await store.close();
+      await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    }
+  });
+
+  it("leaves a handler's own missing-table error as it is in atomic mode", async () => {
+    const store = postgresStore({ connectionString: PG_URL, schema, maxConnections: 1 });
+    try {
+      await store.migrate();
+      await expect(
+        store.atomic(input('own'), async (tx) => {
+          await tx.query(`INSERT INTO "${schema}".no_such_table VALUES (1)`);
+          return { response: response('x'), commit: true };
+        }),
+      ).rejects.toMatchObject({ code: '42P01' });
+    } finally {
+      await store.close();
+      await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+    }
+  });
+
+  it('creates schema, table and index on first use with `migrate: true`', async () => {
+    const store = postgresStore({ connectionString: PG_URL, schema, migrate: true });
+    try {
+      const claims = await Promise.all([
+        store.claim(input('a')),
+        store.claim(input('a')),
+        store.claim(input('b')),
+      ]);
+      expect(claims.map((c) => c.outcome).sort()).toEqual(['acquired', 'acquired', 'in_progress']);
+      const { rows } = await admin.query(
+        'SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1',
+        [schema],
+      );
+      expect(rows.map((r) => r.indexname)).toEqual([
+        'idempotency_keys_expires_at_ms',
+        'idempotency_keys_pkey',
+      ]);
+    } finally {
+      await store.close();
+    }
+  });
+
+  it('`migrate: true` in atomic mode migrates on the connection it holds (a one-connection pool too)', async () => {
+    const own = `${schema}_atomic`;
+    const store = postgresStore({ connectionString: PG_URL, schema: own, migrate: true, maxConnections: 1 });
+    try {
+      const work = async () => ({ response: response('x'), commit: true });
+      expect((await store.atomic(input('a'), work)).outcome).toBe('executed');
+      expect((await store.claim(input('a'))).outcome).toBe('replay');
+    } finally {
+      await store.close();
+      await admin.query(`DROP SCHEMA IF EXISTS "${own}" CASCADE`);
+    }
+  }, 15_000);
+});

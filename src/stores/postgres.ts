@@ -64,11 +64,22 @@ export interface PostgresStoreOptions {
    * @default 15000
    */
   statementTimeoutMs?: number;
+  /**
+   * Create the schema, table and index on first use when they are missing, as `migrate()` does.
+   * Off by default: the table is then made by `retrysafe migrate` (or your own migration tool,
+   * from `retrysafe migrate --print`), and a store without it fails every call with a
+   * `ConfigError` saying so.
+   * @default false
+   */
+  migrate?: boolean;
 }
 
 /** The PostgreSQL store: lease mode through the `IdempotencyStore` methods, atomic mode through `atomic`. */
 export interface PostgresStore extends AtomicStore<pg.PoolClient> {
-  /** Creates the schema, table and index when missing; safe to run again and concurrently. */
+  /**
+   * Creates the schema, table and index when missing (the statements of `postgresMigrationSql`);
+   * safe to run again and concurrently.
+   */
   migrate(): Promise<void>;
   /** The pool the store queries; handlers in atomic mode get a client of it as `tx`. */
   readonly pool: pg.Pool;
@@ -88,6 +99,8 @@ const BLOCKED_RETRY_AFTER_MS = 1000;
 const LOCK_NOT_AVAILABLE = '55P03';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 const DUPLICATE_PREPARED_STATEMENT = '42P05';
+const UNDEFINED_TABLE = '42P01';
+const INVALID_SCHEMA_NAME = '3F000';
 const MISSING_PREPARED_STATEMENT = '26000';
 const DIVISION_BY_ZERO = '22012';
 /**
@@ -147,6 +160,39 @@ async function prepare(
   }
 }
 
+/**
+ * The statements `migrate()` runs, in order, for a migration tool of your own
+ * (`retrysafe migrate --print`). Each is safe to run again.
+ * @example
+ * ```ts
+ * import { postgresMigrationSql } from 'retrysafe/postgres';
+ * await fs.writeFile('migrations/0001_idempotency.sql', postgresMigrationSql({ schema: 'app' }).join(';\n') + ';\n');
+ * ```
+ */
+export function postgresMigrationSql(options: { schema?: string; table?: string } = {}): string[] {
+  const schema = identifier('schema', options.schema ?? 'public');
+  const table = identifier('table', options.table ?? 'idempotency_keys');
+  const qualified = `"${schema}"."${table}"`;
+  return [
+    // Every database has `public`, and creating it would need a privilege the user may lack.
+    ...(schema === 'public' ? [] : [`CREATE SCHEMA IF NOT EXISTS "${schema}"`]),
+    `CREATE TABLE IF NOT EXISTS ${qualified} (
+  scope text NOT NULL,
+  key text NOT NULL,
+  fingerprint text NOT NULL,
+  token text NOT NULL,
+  lease_until_ms bigint NOT NULL,
+  created_at_ms bigint NOT NULL,
+  expires_at_ms bigint NOT NULL,
+  completed_at_ms bigint,
+  status integer,
+  headers json,
+  body bytea,
+  PRIMARY KEY (scope, key))`,
+    `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${qualified} (expires_at_ms)`,
+  ];
+}
+
 interface RecordRow {
   acquired: boolean;
   fingerprint: string;
@@ -166,7 +212,9 @@ interface RecordRow {
  * response in one transaction: a crash leaves all of it or none of it, and a concurrent duplicate
  * blocks on the primary key until the first commits (then replays) or rolls back (then runs).
  *
- * Call `migrate()` (or `retrysafe migrate --database-url …`) once before use.
+ * Create its table once before use: `migrate()`, `retrysafe migrate --database-url …`, the SQL of
+ * `retrysafe migrate --print` in your own migration tool, or the `migrate: true` option. Without
+ * it every call fails with a `ConfigError` that says so.
  *
  * @example
  * ```ts
@@ -183,6 +231,7 @@ const OPTION_NAMES = optionNames<PostgresStoreOptions>({
   maxConnections: true,
   connectTimeoutMs: true,
   statementTimeoutMs: true,
+  migrate: true,
 });
 
 export function postgresStore(given: PostgresStoreOptions): PostgresStore {
@@ -417,75 +466,98 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     current.catch(drop);
   }
 
+  async function migrateOn(client: pg.PoolClient): Promise<void> {
+    const statements = postgresMigrationSql({ schema, table });
+    try {
+      await client.query('BEGIN');
+      // Two app servers migrating at once would otherwise race on CREATE … IF NOT EXISTS.
+      await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_${qualified}`]);
+      // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when the schema exists.
+      const { rowCount } = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
+      for (const statement of statements) {
+        if (rowCount === 0 || !statement.startsWith('CREATE SCHEMA')) await client.query(statement);
+      }
+      await client.query('COMMIT');
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => {});
+      throw error;
+    }
+  }
+
+  async function migrate(): Promise<void> {
+    const client = await pool.connect();
+    try {
+      await migrateOn(client);
+    } finally {
+      client.release();
+    }
+  }
+
+  let migrating: Promise<void> | undefined;
+
+  /**
+   * Runs one of the store's own statements. A missing table fails it with a ConfigError that says
+   * what to do, rather than a driver error behind a 503; with `migrate: true` the table is created
+   * (once, however many calls find it missing) and the statement runs again. A call holding a
+   * connection (`atomic`) migrates on it, so a one-connection pool cannot deadlock.
+   */
+  async function own<T>(statement: () => Promise<T>, client?: pg.PoolClient): Promise<T> {
+    try {
+      return await statement();
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if (code !== UNDEFINED_TABLE && code !== INVALID_SCHEMA_NAME) throw error;
+      if (!options.migrate) {
+        throw new ConfigError(
+          `postgresStore: the table ${qualified} does not exist. Create it with \`retrysafe migrate --database-url <url> --schema ${schema} --table ${table}\` (or store.migrate(), or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
+          { cause: error },
+        );
+      }
+      migrating ??= (client ? migrateOn(client) : migrate()).finally(() => {
+        migrating = undefined;
+      });
+      await migrating;
+      return statement();
+    }
+  }
+
   return {
     name: 'postgres',
     pool,
 
-    async migrate() {
-      const client = await pool.connect();
-      try {
-        await client.query('BEGIN');
-        // Two app servers migrating at once would otherwise race on CREATE … IF NOT EXISTS.
-        await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_${qualified}`]);
-        const { rowCount } = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
-        if (rowCount === 0) await client.query(`CREATE SCHEMA IF NOT EXISTS "${schema}"`);
-        await client.query(`CREATE TABLE IF NOT EXISTS ${qualified} (
-          scope text NOT NULL,
-          key text NOT NULL,
-          fingerprint text NOT NULL,
-          token text NOT NULL,
-          lease_until_ms bigint NOT NULL,
-          created_at_ms bigint NOT NULL,
-          expires_at_ms bigint NOT NULL,
-          completed_at_ms bigint,
-          status integer,
-          headers json,
-          body bytea,
-          PRIMARY KEY (scope, key))`);
-        await client.query(
-          `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${qualified} (expires_at_ms)`,
-        );
-        await client.query('COMMIT');
-      } catch (error) {
-        await client.query('ROLLBACK').catch(() => {});
-        throw error;
-      } finally {
-        client.release();
-      }
-    },
+    migrate,
 
     claim(input) {
-      return claimWith(
-        (take, values) => pool.query<RecordRow>({ ...(take ? TAKE_OVER : CLAIM), values }),
-        input,
+      return own(() =>
+        claimWith((take, values) => pool.query<RecordRow>({ ...(take ? TAKE_OVER : CLAIM), values }), input),
       );
     },
 
     async complete(scope, key, token, response) {
-      const { rowCount } = await pool.query({
-        ...COMPLETE,
-        values: completeValues(scope, key, token, response),
-      });
+      const { rowCount } = await own(() =>
+        pool.query({ ...COMPLETE, values: completeValues(scope, key, token, response) }),
+      );
       return rowCount === 1;
     },
 
     async release(scope, key, token) {
-      const { rowCount } = await pool.query({
-        ...RELEASE,
-        values: [scope, key, token, channel, notifyId(scope, key)],
-      });
+      const { rowCount } = await own(() =>
+        pool.query({ ...RELEASE, values: [scope, key, token, channel, notifyId(scope, key)] }),
+      );
       return rowCount === 1;
     },
 
     async renew(scope, key, token, leaseMs) {
-      const { rowCount } = await pool.query({ ...RENEW, values: [scope, key, token, leaseMs] });
+      const { rowCount } = await own(() => pool.query({ ...RENEW, values: [scope, key, token, leaseMs] }));
       return rowCount === 1;
     },
 
     async wait(scope, key, timeoutMs) {
       listen();
       await pollUntilSettled(waiters, notifyId(scope, key), timeoutMs, async () => {
-        const { rows } = await pool.query<{ lease_left_ms: string }>({ ...LEASE_LEFT, values: [scope, key] });
+        const { rows } = await own(() =>
+          pool.query<{ lease_left_ms: string }>({ ...LEASE_LEFT, values: [scope, key] }),
+        );
         return rows[0] ? Number(rows[0].lease_left_ms) : null;
       });
     },
@@ -494,7 +566,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       requirePositiveInteger('postgresStore.purgeExpired', 'batchSize', batchSize);
       let total = 0;
       for (;;) {
-        const { rowCount } = await pool.query({ ...PURGE, values: [batchSize] });
+        const { rowCount } = await own(() => pool.query({ ...PURGE, values: [batchSize] }));
         total += rowCount ?? 0;
         if ((rowCount ?? 0) < batchSize) return total;
       }
@@ -592,7 +664,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     try {
       const waitMs = Math.max(1, Math.ceil(input.waitMs ?? input.leaseMs));
       const timeoutMs = Math.max(1, Math.ceil(input.timeoutMs ?? statementTimeoutMs));
-      await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
+      await own(() => prepare(client, ATOMIC_STATEMENTS, timeoutMs), client);
       // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
       // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
       // in_progress. Anything else it waits on (the key table locked, a stuck server) is

@@ -143,6 +143,37 @@ interface Frame {
 
 const TABLE_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 
+function tableName(value: unknown): string {
+  if (typeof value !== 'string' || !TABLE_NAME.test(value)) {
+    throw new ConfigError(`sqliteStore: \`table\` must match ${TABLE_NAME}, got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
+/**
+ * The statements the store runs when it opens the database (each safe to run again), for a
+ * migration tool of your own (`retrysafe migrate --print`).
+ */
+export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
+  const table = tableName(options.table ?? 'idempotency_keys');
+  return [
+    `CREATE TABLE IF NOT EXISTS "${table}" (
+  scope TEXT NOT NULL,
+  key TEXT NOT NULL,
+  fingerprint TEXT NOT NULL,
+  token TEXT NOT NULL,
+  lease_until_ms INTEGER NOT NULL,
+  created_at_ms INTEGER NOT NULL,
+  expires_at_ms INTEGER NOT NULL,
+  completed_at_ms INTEGER,
+  status INTEGER,
+  headers TEXT,
+  body BLOB,
+  PRIMARY KEY (scope, key))`,
+    `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON "${table}" (expires_at_ms)`,
+  ];
+}
+
 /**
  * An idempotency store in a SQLite file through better-sqlite3 12: WAL, safe for several
  * processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
@@ -184,10 +215,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   if (database !== undefined && typeof (database as Partial<Database.Database>).prepare !== 'function') {
     throw new ConfigError('sqliteStore: `database` must be a better-sqlite3 Database');
   }
-  const table = options.table ?? 'idempotency_keys';
-  if (typeof table !== 'string' || !TABLE_NAME.test(table)) {
-    throw new ConfigError(`sqliteStore: \`table\` must match ${TABLE_NAME}, got ${JSON.stringify(table)}`);
-  }
+  const table = tableName(options.table ?? 'idempotency_keys');
   const busyTimeoutMs = requirePositiveInteger('sqliteStore', 'busyTimeoutMs', options.busyTimeoutMs ?? 5000);
   const pollIntervalMs = requirePositiveInteger(
     'sqliteStore',
@@ -215,23 +243,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   const configuredBusyMs = db.pragma('busy_timeout', { simple: true }) as number;
 
   const t = `"${table}"`;
-  db.exec(`
-    CREATE TABLE IF NOT EXISTS ${t} (
-      scope TEXT NOT NULL,
-      key TEXT NOT NULL,
-      fingerprint TEXT NOT NULL,
-      token TEXT NOT NULL,
-      lease_until_ms INTEGER NOT NULL,
-      created_at_ms INTEGER NOT NULL,
-      expires_at_ms INTEGER NOT NULL,
-      completed_at_ms INTEGER,
-      status INTEGER,
-      headers TEXT,
-      body BLOB,
-      PRIMARY KEY (scope, key)
-    );
-    CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${t} (expires_at_ms);
-  `);
+  db.exec(sqliteMigrationSql({ table }).join(';\n'));
 
   // A row takes a new claim when its retention has passed (a new operation), or when it is in
   // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
