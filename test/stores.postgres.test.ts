@@ -404,6 +404,9 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
         () => store.renew('s', 'k', 't', 1000),
         () => store.wait('s', 'k', 1000),
         () => store.purgeExpired(),
+        () => store.list(),
+        () => store.get('s', 'k'),
+        () => store.delete('s', 'k'),
         () => store.atomic(input('k'), async () => ({ response: response('x'), commit: true })),
       ];
       for (const call of calls) {

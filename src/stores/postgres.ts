@@ -579,27 +579,30 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       if (scope !== undefined) where.push(`scope = $${values.push(scope)}`);
       // A row comparison: a range scan of the primary key, so a deep page costs no more than the first.
       if (after) where.push(`(scope, key) > ($${values.push(after[0]!)}, $${values.push(after[1]!)})`);
-      const { rows } = await pool.query<SummaryRow>(
-        `SELECT ${SUMMARY_COLUMNS} FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
-          WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`,
-        values,
+      const { rows } = await own(() =>
+        pool.query<SummaryRow>(
+          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
+            WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`,
+          values,
+        ),
       );
       return keysetPage(rows.map(summaryOf), limit);
     },
 
     async get(scope, key) {
-      const { rows } = await pool.query<SummaryRow>(
-        `SELECT ${SUMMARY_COLUMNS} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
-        [scope, key],
+      const { rows } = await own(() =>
+        pool.query<SummaryRow>(
+          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
+          [scope, key],
+        ),
       );
       return rows[0] && summaryOf(rows[0]);
     },
 
     async delete(scope, key) {
-      const { rowCount } = await pool.query({
-        ...DELETE,
-        values: [scope, key, channel, notifyId(scope, key)],
-      });
+      const { rowCount } = await own(() =>
+        pool.query({ ...DELETE, values: [scope, key, channel, notifyId(scope, key)] }),
+      );
       return rowCount === 1;
     },
 
