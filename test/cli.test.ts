@@ -3,10 +3,14 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
+import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { IdempotencyStore } from '../src/core/types.js';
 import { postgresStore } from '../src/stores/postgres.js';
-import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { redisStore } from '../src/stores/redis.js';
+import { sqliteStore } from '../src/stores/sqlite.js';
+import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 
@@ -185,6 +189,164 @@ describe('retrysafe CLI', () => {
       expect(run.stdout).toMatch(/^purged 7 expired records/);
       const { rows: left } = await admin.query(`SELECT key FROM "${schema}".keys ORDER BY key`);
       expect(left.map((r) => r.key)).toEqual(['new-0', 'new-1', 'new-2']);
+    });
+  });
+});
+
+/** Seeds a store with one completed and one in-progress record in scope `tenant`, one in `other`. */
+async function seed(store: IdempotencyStore): Promise<void> {
+  const claim = (scope: string, key: string) =>
+    store.claim({ scope, key, fingerprint: 'f', leaseMs: 60_000, ttlMs: 600_000 });
+  const done = await claim('tenant', 'order-1');
+  if (done.outcome !== 'acquired') throw new Error(done.outcome);
+  await store.complete('tenant', 'order-1', done.token, {
+    status: 201,
+    headers: {},
+    body: new TextEncoder().encode('secret body'),
+  });
+  await claim('tenant', 'order-2');
+  await claim('other', 'order-1');
+}
+
+/** The keys commands on one store, given the arguments that name it. */
+function describeKeysCommands(
+  open: () => Promise<{ args: string[]; store: IdempotencyStore; cleanup: () => Promise<void> }>,
+) {
+  let args: string[];
+  let store: IdempotencyStore;
+  let cleanup: (() => Promise<void>) | undefined;
+  beforeAll(async () => {
+    ({ args, store, cleanup } = await open());
+    await seed(store);
+  });
+  afterAll(async () => {
+    await store?.close();
+    await cleanup?.();
+  });
+
+  it('keys list prints a table of the live records, --json the records', async () => {
+    const run = await cli('keys', 'list', ...args);
+    expect(run).toMatchObject({ code: 0, stderr: '' });
+    const lines = run.stdout.trim().split('\n');
+    expect(lines[0]).toMatch(/^SCOPE\s+KEY\s+STATE\s+STATUS\s+CREATED\s+EXPIRES\s+LEASE UNTIL$/);
+    expect(lines.slice(1).map((line) => line.split(/\s+/).slice(0, 4))).toEqual([
+      ['other', 'order-1', 'in_progress', '-'],
+      ['tenant', 'order-1', 'completed', '201'],
+      ['tenant', 'order-2', 'in_progress', '-'],
+    ]);
+    expect(run.stdout).not.toContain('secret body');
+    const json = await cli('keys', 'list', ...args, '--scope', 'tenant', '--json');
+    expect(json.code).toBe(0);
+    const records = JSON.parse(json.stdout).records as { key: string; state: string }[];
+    expect(records.map((r) => [r.key, r.state])).toEqual([
+      ['order-1', 'completed'],
+      ['order-2', 'in_progress'],
+    ]);
+  });
+
+  it('keys list --limit pages, printing how to ask for the next page', async () => {
+    const first = await cli('keys', 'list', ...args, '--limit', '2', '--json');
+    const page = JSON.parse(first.stdout) as { records: { key: string }[]; next: string | null };
+    const seen = [...page.records];
+    let next = page.next;
+    for (let round = 0; next !== null && round < 10; round++) {
+      const more = JSON.parse(
+        (await cli('keys', 'list', ...args, '--limit', '2', '--after', next, '--json')).stdout,
+      );
+      seen.push(...more.records);
+      next = more.next;
+    }
+    expect(seen.map((r) => r.key).sort()).toEqual(['order-1', 'order-1', 'order-2']);
+    const table = await cli('keys', 'list', ...args, '--limit', '1');
+    expect(table.stdout).toMatch(/--after \S+/);
+  });
+
+  it('keys show prints one record; a missing one exits 1', async () => {
+    const run = await cli('keys', 'show', 'order-1', '--scope', 'tenant', ...args, '--json');
+    expect(run.code).toBe(0);
+    expect(JSON.parse(run.stdout)).toMatchObject({
+      scope: 'tenant',
+      key: 'order-1',
+      state: 'completed',
+      status: 201,
+    });
+    const table = await cli('keys', 'show', 'order-1', '--scope', 'tenant', ...args);
+    expect(table.stdout).toMatch(/^state\s+completed$/m);
+    const missing = await cli('keys', 'show', 'order-9', '--scope', 'tenant', ...args);
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toContain('order-9');
+  });
+
+  it('keys delete frees one key in one scope', async () => {
+    const run = await cli('keys', 'delete', 'order-2', '--scope', 'tenant', ...args);
+    expect(run).toMatchObject({ code: 0, stderr: '' });
+    expect(await store.get('tenant', 'order-2')).toBeUndefined();
+    expect(await store.get('tenant', 'order-1')).toBeDefined();
+    const again = await cli('keys', 'delete', 'order-2', '--scope', 'tenant', ...args);
+    expect(again.code).toBe(1);
+    const claimed = await store.claim({
+      scope: 'tenant',
+      key: 'order-2',
+      fingerprint: 'g',
+      leaseMs: 1000,
+      ttlMs: 1000,
+    });
+    expect(claimed.outcome).toBe('acquired');
+  });
+}
+
+describe('retrysafe keys', () => {
+  it('refuses a command line naming no store, or two', async () => {
+    for (const extra of [[], ['--database-url', 'x.db', '--redis-url', REDIS_URL]]) {
+      const run = await cli('keys', 'list', ...extra);
+      expect(run.code).toBe(2);
+      expect(run.stderr).toContain('Usage:');
+    }
+    expect((await cli('keys', 'show', '--database-url', 'x.db')).code).toBe(2);
+  });
+
+  describe('on SQLite', () => {
+    describeKeysCommands(async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'retrysafe-cli-keys-'));
+      const file = join(dir, 'keys.db');
+      return {
+        args: ['--database-url', file],
+        store: sqliteStore({ filename: file }),
+        cleanup: async () => rmSync(dir, { recursive: true, force: true }),
+      };
+    });
+  });
+
+  describe.skipIf(!hasPostgres)('on PostgreSQL', () => {
+    describeKeysCommands(async () => {
+      const schema = uniqueName('rs_cli_keys');
+      return {
+        args: ['--database-url', PG_URL, '--schema', schema],
+        store: postgresStore({ connectionString: PG_URL, schema, migrate: true }),
+        async cleanup() {
+          const admin = new pg.Client({ connectionString: PG_URL });
+          await admin.connect();
+          await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+          await admin.end();
+        },
+      };
+    });
+  });
+
+  describe.skipIf(!hasRedis)('on Redis', () => {
+    describeKeysCommands(async () => {
+      const prefix = `${uniqueName('rs_cli_keys')}:`;
+      return {
+        args: ['--redis-url', REDIS_URL, '--prefix', prefix],
+        store: redisStore({ url: REDIS_URL, prefix }),
+        async cleanup() {
+          const admin = new Redis(REDIS_URL);
+          for await (const keys of admin.scanStream({ match: `${prefix}*`, count: 500 })) {
+            if ((keys as string[]).length > 0) await admin.del(...(keys as string[]));
+          }
+          await admin.quit();
+        },
+      };
     });
   });
 });
