@@ -14,6 +14,21 @@ export {
   REPLAYED_HEADER,
 } from './engine.js';
 export { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError, RetrysafeError } from './errors.js';
+export type {
+  ConflictEvent,
+  ExecutedEvent,
+  FencedEvent,
+  IdempotencyEvent,
+  IdempotencyEventListener,
+  IdempotencyEventType,
+  LeaseLostEvent,
+  LeaseRenewedEvent,
+  RejectedEvent,
+  ReleasedEvent,
+  ReplayedEvent,
+  StoreErrorEvent,
+  WaitedEvent,
+} from './events.js';
 export { type FingerprintBody, type FingerprintInput, fingerprint } from './fingerprint.js';
 export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
 export { credentialScope } from './scope.js';

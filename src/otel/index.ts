@@ -1,0 +1,122 @@
+import { type Attributes, type MeterProvider, metrics, trace } from '@opentelemetry/api';
+import type { IdempotencyEvent, IdempotencyEventListener } from '../core/events.js';
+
+export interface IdempotencyTelemetryOptions {
+  /**
+   * Where the instruments are created. Read once, when `idempotencyTelemetry` is called: start
+   * the OpenTelemetry SDK first.
+   * @default the global meter provider (`metrics.getMeterProvider()`)
+   */
+  meterProvider?: MeterProvider;
+}
+
+/**
+ * Bucket bounds in seconds: a store call or a short handler takes well under a millisecond to tens
+ * of milliseconds, so the SDK's default bounds (0 to 10,000, made for milliseconds) would put every
+ * one in the first bucket.
+ */
+const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** The detail an event type is counted by, besides its type. */
+function detailOf(event: IdempotencyEvent): [string, string] | undefined {
+  switch (event.type) {
+    case 'released':
+    case 'rejected':
+      return ['idempotency.reason', event.reason];
+    case 'waited':
+      return ['idempotency.result', event.result];
+    case 'store_error':
+      return ['idempotency.operation', event.operation];
+    case 'fenced':
+      return ['idempotency.step', event.step];
+    default:
+      return undefined;
+  }
+}
+
+/**
+ * An `onEvent` listener that reports retrysafe to OpenTelemetry.
+ *
+ * Metrics (from `meterProvider`, meter `retrysafe`):
+ * - `idempotency.outcomes` (counter): events by `idempotency.outcome` (`executed`, `replayed`,
+ *   `conflict`, `waited`, `released`, `fenced`, `lease_renewed`, `lease_lost`, `store_error`,
+ *   `rejected`), with `idempotency.reason`, `.result`, `.operation` or `.step` where the event has one.
+ * - `idempotency.store.duration` (histogram, s): time a request spent in store calls, by outcome.
+ * - `idempotency.handler.duration` (histogram, s): time the handler took, by outcome.
+ * - `idempotency.wait.duration` (histogram, s): time a duplicate waited for an in-progress original.
+ *
+ * Traces: the active span (the HTTP server span of your instrumentation) gets
+ * `idempotency.outcome` and `idempotency.key`; a store error is recorded on it as an exception.
+ * The scope never reaches a span or a metric.
+ *
+ * @example
+ * ```ts
+ * import { idempotencyTelemetry } from 'retrysafe/otel';
+ * const guard = idempotency({ store, onEvent: idempotencyTelemetry() });
+ * ```
+ */
+export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}): IdempotencyEventListener {
+  const meter = (options.meterProvider ?? metrics.getMeterProvider()).getMeter('retrysafe');
+  const outcomes = meter.createCounter('idempotency.outcomes', {
+    description: 'Idempotency events by outcome',
+    unit: '{event}',
+  });
+  const histogram = (name: string, description: string) =>
+    meter.createHistogram(name, {
+      description,
+      unit: 's',
+      advice: { explicitBucketBoundaries: DURATION_BUCKETS_S },
+    });
+  const storeDuration = histogram(
+    'idempotency.store.duration',
+    'Time a request spent in idempotency store calls',
+  );
+  const handlerDuration = histogram('idempotency.handler.duration', 'Time a guarded handler took');
+  const waitDuration = histogram('idempotency.wait.duration', 'Time a duplicate waited for the original');
+
+  // One frozen attribute set per outcome and detail, so an event allocates none.
+  const attributeSets = new Map<string, Attributes>();
+  const attributesOf = (event: IdempotencyEvent): Attributes => {
+    const detail = detailOf(event);
+    const id = detail ? `${event.type}\0${detail[1]}` : event.type;
+    let attributes = attributeSets.get(id);
+    if (!attributes) {
+      attributes = Object.freeze({
+        'idempotency.outcome': event.type,
+        ...(detail && { [detail[0]]: detail[1] }),
+      });
+      attributeSets.set(id, attributes);
+    }
+    return attributes;
+  };
+
+  return function idempotencyTelemetryListener(event) {
+    const attributes = attributesOf(event);
+    outcomes.add(1, attributes);
+    switch (event.type) {
+      case 'executed':
+      case 'released':
+        handlerDuration.record(event.handlerMs / 1000, attributes);
+        storeDuration.record(event.storeMs / 1000, attributes);
+        break;
+      case 'replayed':
+      case 'conflict':
+        storeDuration.record(event.storeMs / 1000, attributes);
+        break;
+      case 'waited':
+        waitDuration.record(event.waitedMs / 1000, attributes);
+        break;
+      // Renewals run on a timer shared by every request: the active span there is not theirs.
+      case 'lease_renewed':
+      case 'lease_lost':
+        return;
+    }
+    const span = trace.getActiveSpan();
+    if (!span) return;
+    span.setAttribute('idempotency.outcome', event.type);
+    if (event.key !== undefined) span.setAttribute('idempotency.key', event.key);
+    if (event.type === 'store_error') {
+      span.recordException(event.error instanceof Error ? event.error : String(event.error));
+    }
+  };
+}

@@ -1,0 +1,145 @@
+import { context, type Span, trace } from '@opentelemetry/api';
+import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
+import {
+  AggregationTemporality,
+  type DataPoint,
+  type Histogram,
+  InMemoryMetricExporter,
+  MeterProvider,
+  PeriodicExportingMetricReader,
+} from '@opentelemetry/sdk-metrics';
+import {
+  BasicTracerProvider,
+  InMemorySpanExporter,
+  SimpleSpanProcessor,
+} from '@opentelemetry/sdk-trace-base';
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import type { IdempotencyEvent, IdempotencyEventListener } from '../src/core/events.js';
+import { idempotencyTelemetry } from '../src/otel/index.js';
+
+/** An SDK set up as a user would, with in-memory exporters to read back what was reported. */
+function telemetry() {
+  const spans = new InMemorySpanExporter();
+  const tracer = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(spans)] }).getTracer(
+    'test',
+  );
+  const exporter = new InMemoryMetricExporter(AggregationTemporality.CUMULATIVE);
+  const reader = new PeriodicExportingMetricReader({ exporter, exportIntervalMillis: 3_600_000 });
+  const meterProvider = new MeterProvider({ readers: [reader] });
+  return {
+    spans,
+    tracer,
+    meterProvider,
+    /** Data points of one instrument, after a collection. */
+    async points<T = number>(name: string): Promise<DataPoint<T>[]> {
+      await reader.forceFlush();
+      const metrics =
+        exporter
+          .getMetrics()
+          .at(-1)
+          ?.scopeMetrics.flatMap((scope) => scope.metrics) ?? [];
+      return (metrics.find((metric) => metric.descriptor.name === name)?.dataPoints ?? []) as DataPoint<T>[];
+    },
+  };
+}
+
+const base = { key: 'order-1', scope: 'tenant-secret-scope' };
+const EVENTS: IdempotencyEvent[] = [
+  { type: 'executed', ...base, status: 201, handlerMs: 12, storeMs: 2 },
+  { type: 'released', ...base, reason: 'not_stored', status: 503, handlerMs: 30, storeMs: 1 },
+  { type: 'replayed', ...base, status: 201, storeMs: 1.5 },
+  { type: 'replayed', ...base, status: 201, storeMs: 0.5 },
+  { type: 'conflict', ...base, storeMs: 1 },
+  { type: 'waited', ...base, waitedMs: 40, result: 'replayed' },
+  { type: 'fenced', ...base, step: 'complete' },
+  { type: 'lease_renewed', ...base },
+  { type: 'lease_lost', ...base },
+  { type: 'store_error', ...base, operation: 'claim', error: new Error('connection refused') },
+  { type: 'rejected', reason: 'key_invalid' },
+];
+
+describe('retrysafe/otel', () => {
+  const contextManager = new AsyncLocalStorageContextManager();
+  beforeAll(() => {
+    context.setGlobalContextManager(contextManager.enable());
+  });
+  afterAll(() => {
+    contextManager.disable();
+    context.disable();
+  });
+
+  let sdk: ReturnType<typeof telemetry>;
+  let listener: IdempotencyEventListener;
+  beforeEach(() => {
+    sdk = telemetry();
+    listener = idempotencyTelemetry({ meterProvider: sdk.meterProvider });
+  });
+
+  it('counts every event by outcome, with its reason, result, operation or step', async () => {
+    for (const event of EVENTS) listener(event);
+    const counted = (await sdk.points('idempotency.outcomes')).map((p) => [p.attributes, p.value]);
+    expect(counted).toEqual(
+      expect.arrayContaining([
+        [{ 'idempotency.outcome': 'executed' }, 1],
+        [{ 'idempotency.outcome': 'released', 'idempotency.reason': 'not_stored' }, 1],
+        [{ 'idempotency.outcome': 'replayed' }, 2],
+        [{ 'idempotency.outcome': 'conflict' }, 1],
+        [{ 'idempotency.outcome': 'waited', 'idempotency.result': 'replayed' }, 1],
+        [{ 'idempotency.outcome': 'fenced', 'idempotency.step': 'complete' }, 1],
+        [{ 'idempotency.outcome': 'lease_renewed' }, 1],
+        [{ 'idempotency.outcome': 'lease_lost' }, 1],
+        [{ 'idempotency.outcome': 'store_error', 'idempotency.operation': 'claim' }, 1],
+        [{ 'idempotency.outcome': 'rejected', 'idempotency.reason': 'key_invalid' }, 1],
+      ]),
+    );
+    expect(counted).toHaveLength(10);
+  });
+
+  it('records store, handler and wait durations in seconds', async () => {
+    for (const event of EVENTS) listener(event);
+    const sums = async (name: string) =>
+      Object.fromEntries(
+        (await sdk.points<Histogram>(name)).map((p) => [
+          p.attributes['idempotency.outcome'],
+          [p.value.count, p.value.sum],
+        ]),
+      );
+    expect(await sums('idempotency.store.duration')).toEqual({
+      executed: [1, 0.002],
+      released: [1, 0.001],
+      replayed: [2, 0.002],
+      conflict: [1, 0.001],
+    });
+    expect(await sums('idempotency.handler.duration')).toEqual({ executed: [1, 0.012], released: [1, 0.03] });
+    expect(await sums('idempotency.wait.duration')).toEqual({ waited: [1, 0.04] });
+  });
+
+  it('sets outcome and key on the active span, never the scope; a store error as an exception', () => {
+    sdk.tracer.startActiveSpan('POST /loans', (span: Span) => {
+      listener(EVENTS[9]!);
+      listener(EVENTS[5]!);
+      listener(EVENTS[2]!);
+      span.end();
+    });
+    const [span] = sdk.spans.getFinishedSpans();
+    expect(span!.attributes).toEqual({ 'idempotency.outcome': 'replayed', 'idempotency.key': 'order-1' });
+    expect(span!.events.map((e) => [e.name, e.attributes?.['exception.message']])).toEqual([
+      ['exception', 'connection refused'],
+    ]);
+    expect(JSON.stringify([span!.attributes, span!.events])).not.toContain('tenant-secret-scope');
+  });
+
+  it('leaves spans alone for lease renewals, which a shared timer reports', () => {
+    sdk.tracer.startActiveSpan('another request', (span: Span) => {
+      listener(EVENTS[7]!);
+      listener(EVENTS[8]!);
+      span.end();
+    });
+    expect(sdk.spans.getFinishedSpans()[0]!.attributes).toEqual({});
+  });
+
+  it('does nothing to spans when none is active', () => {
+    expect(trace.getActiveSpan()).toBeUndefined();
+    expect(() => listener(EVENTS[0]!)).not.toThrow();
+  });
+});
