@@ -1,13 +1,22 @@
 import { IncomingMessage, ServerResponse } from 'node:http';
 import { Duplex } from 'node:stream';
+import {
+  InMemoryMetricExporter,
+  MeterProvider,
+  PeriodicExportingMetricReader,
+} from '@opentelemetry/sdk-metrics';
 import { idempotency } from 'retrysafe/node';
+import { idempotencyTelemetry } from 'retrysafe/otel';
 import { median } from '../lib/load.js';
 import { round2, target } from '../lib/measure.js';
 
 /**
  * µs per keyed request that the engine and the node adapter add over the bare handler, with a
- * store that answers at once (so no database is measured): both handlers run in this process on
- * real IncomingMessage/ServerResponse objects whose socket discards what is written.
+ * store that answers at once (so no database is measured): the handlers run in this process on
+ * real IncomingMessage/ServerResponse objects whose socket discards what is written. Two more
+ * guarded handlers measure what listening costs: one with an `onEvent` that counts events by type,
+ * one with `retrysafe/otel` on the OpenTelemetry SDK's meter provider (in memory; its reader never
+ * exports during the run).
  */
 const noopStore = {
   name: 'noop',
@@ -69,32 +78,105 @@ async function timePerRequest(serve, count, tag) {
   return Number(process.hrtime.bigint() - started) / 1000 / count;
 }
 
+/**
+ * Requests per slice of a round. The contenders take turns slice by slice, so a burst of load
+ * from the rest of a shared machine (or a GC pause) lands on all of them rather than on one.
+ */
+const SLICE = 250;
+
+/** One round: `count` requests per contender, interleaved in slices; µs per request of each slice. */
+async function interleavedRound(contenders, count, round) {
+  const names = Object.keys(contenders);
+  const slices = Object.fromEntries(names.map((name) => [name, []]));
+  for (let slice = 0; slice < count / SLICE; slice++) {
+    for (let i = 0; i < names.length; i++) {
+      const name = names[(i + slice) % names.length];
+      slices[name].push(await timePerRequest(contenders[name], SLICE, `${name}-${round}-${slice}`));
+    }
+  }
+  return slices;
+}
+
+const mean = (values) => values.reduce((sum, v) => sum + v, 0) / values.length;
+
 export async function run(ctx) {
-  const guarded = idempotency({ store: noopStore })(handler);
+  const counts = {};
+  const meterProvider = new MeterProvider({
+    readers: [
+      new PeriodicExportingMetricReader({
+        exporter: new InMemoryMetricExporter(),
+        exportIntervalMillis: 3_600_000,
+      }),
+    ],
+  });
+  const contenders = {
+    bare: bareHandler,
+    keyed: idempotency({ store: noopStore })(handler),
+    events: idempotency({
+      store: noopStore,
+      onEvent: (event) => {
+        counts[event.type] = (counts[event.type] ?? 0) + 1;
+      },
+    })(handler),
+    otel: idempotency({ store: noopStore, onEvent: idempotencyTelemetry({ meterProvider }) })(handler),
+  };
+  const names = Object.keys(contenders);
   const count = ctx.quick ? 5_000 : 20_000;
   const rounds = ctx.quick ? 3 : 7;
-  await timePerRequest(bareHandler, count, 'warm-bare');
-  await timePerRequest(guarded, count, 'warm-keyed');
-  const bare = [];
-  const keyed = [];
+  for (const name of names) await timePerRequest(contenders[name], count, `warm-${name}`);
+  const samples = Object.fromEntries(names.map((name) => [name, []]));
+  const slices = Object.fromEntries(names.map((name) => [name, []]));
   for (let round = 0; round < rounds; round++) {
-    bare.push(await timePerRequest(bareHandler, count, `bare-${round}`));
-    keyed.push(await timePerRequest(guarded, count, `keyed-${round}`));
+    const perSlice = await interleavedRound(contenders, count, round);
+    for (const name of names) {
+      samples[name].push(mean(perSlice[name]));
+      slices[name].push(...perSlice[name]);
+    }
     ctx.log(
-      `  round ${round + 1}/${rounds}: bare ${round2(bare.at(-1))} µs, keyed ${round2(keyed.at(-1))} µs`,
+      `  round ${round + 1}/${rounds}: ${names.map((n) => `${n} ${round2(samples[n].at(-1))} µs`).join(', ')}`,
     );
   }
+  const { bare, keyed, events, otel } = samples;
   const added = median(keyed.map((k, i) => k - bare[i]));
+  // Each slice against the guarded slice next to it in time, then the median over all slices: a
+  // burst of load from elsewhere moves single pairs, not the median.
+  const costPercent = (variant) =>
+    median(slices[variant].map((v, i) => ((v - slices.keyed[i]) / slices.keyed[i]) * 100));
+  const eventsPercent = costPercent('events');
+  const otelPercent = costPercent('otel');
   return {
     title: 'Engine: µs per keyed request through the engine + node adapter, no-op store',
     table: {
-      columns: ['bare handler µs', 'guarded µs', 'added µs'],
-      rows: [[round2(median(bare)), round2(median(keyed)), round2(added)]],
+      columns: [
+        'bare handler µs',
+        'guarded µs',
+        'added µs',
+        'with onEvent µs',
+        'onEvent cost %',
+        'with retrysafe/otel µs',
+        'otel cost %',
+      ],
+      rows: [
+        [
+          round2(median(bare)),
+          round2(median(keyed)),
+          round2(added),
+          round2(median(events)),
+          round2(eventsPercent),
+          round2(median(otel)),
+          round2(otelPercent),
+        ],
+      ],
     },
     notes: [
-      `${rounds} rounds of ${count} sequential requests each, alternating bare and guarded, in one process on real IncomingMessage/ServerResponse objects; medians. No network and no database: what is left is the engine and the adapter.`,
+      `${rounds} rounds of ${count} sequential requests per handler, the four handlers taking turns every ${SLICE} requests, in one process on real IncomingMessage/ServerResponse objects; medians. No network and no database: what is left is the engine and the adapter.`,
+      `onEvent: a listener counting events by type. otel: \`idempotencyTelemetry()\` on the OpenTelemetry SDK MeterProvider (no active span). Cost %: each slice of ${SLICE} requests against the guarded slice run next to it, median over all slices.`,
     ],
-    targets: [target('engine: µs added per keyed request (no-op store)', added, '<=', 15)],
-    raw: { bare, keyed },
+    targets: [
+      target('engine: µs added per keyed request (no-op store)', added, '<=', 15),
+      target('engine: % an onEvent listener adds to a guarded request', eventsPercent, '<=', 5),
+      target('engine: % retrysafe/otel adds to a guarded request', otelPercent, '<=', 5),
+    ],
+    raw: { ...samples },
   };
 }

@@ -3,6 +3,7 @@ import { credentialScope } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { adminRoutes } from './admin.js';
 import { openDatabase, openKeyStore } from './database.js';
+import { operations } from './operations.js';
 import { sendJson as send } from './respond.js';
 import { losingMarkedAnswers, webRoutes } from './web.js';
 
@@ -81,7 +82,8 @@ export function parseLoan(body) {
  * The loan desk's HTTP handler over a loan database (sqlite.js or postgres.js) and an idempotency
  * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
  * instead of lending the book again; without a key every call is a new loan. The pages and the
- * admin API (web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`.
+ * admin API (web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`;
+ * `ops` (operations.js) hears the idempotency events and serves `/metrics`.
  */
 export function loanDesk({
   database,
@@ -92,9 +94,11 @@ export function loanDesk({
   waitMs,
   required,
   encryptionKeys,
+  ops,
   ...settings
 }) {
   const guard = idempotency({
+    onEvent: ops?.onEvent,
     store,
     mode,
     ttl: ttlMs,
@@ -163,7 +167,7 @@ export function loanDesk({
     if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
     if (pathname === '/members')
       return reading ? read(res, () => database.listMembers()) : allow('GET, HEAD');
-    if (web(req, res, url) || admin(req, res, url)) return;
+    if (web(req, res, url) || admin(req, res, url) || ops?.route(req, res, pathname)) return;
     send(res, 404, { error: 'path_not_found' });
   };
 }
@@ -179,13 +183,14 @@ export const deskUrl = (host, port) => `http://${host.includes(':') ? `[${host}]
 export async function startLoanDesk(config, { setup }) {
   const database = await openDatabase(config, { setup });
   const store = await openKeyStore(config, database);
-  const server = http.createServer(loanDesk({ ...config, database, store }));
+  const ops = operations(config);
+  const server = http.createServer(loanDesk({ ...config, database, store, ops }));
   await new Promise((resolve, reject) => {
     server.once('error', reject);
     server.listen(config.port, config.host, resolve);
   });
   const purge = setInterval(() => {
-    store.purgeExpired().catch((error) => console.error('loan desk: purge failed:', error.message));
+    store.purgeExpired().then(ops.purged, (error) => ops.logger.error({ err: error }, 'purge failed'));
   }, config.purgeIntervalMs);
   purge.unref();
   const { port } = server.address();
@@ -201,6 +206,7 @@ export async function startLoanDesk(config, { setup }) {
       await closed;
       if (store !== database.store) await store.close();
       await database.close();
+      ops.close();
     },
   };
 }

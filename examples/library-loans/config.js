@@ -1,6 +1,8 @@
 import ms from 'ms';
 import { parseDuration } from 'retrysafe';
 
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'];
+
 /**
  * The loan desk's settings, read from the environment once at start. Every mistake is reported
  * with the variable's name, before anything is opened.
@@ -21,6 +23,8 @@ import { parseDuration } from 'retrysafe';
  * ADMIN_TOKEN                the bearer token /admin/keys requires; unset, it answers loopback only
  * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
  *                            marks); 0 (default): the mark is ignored
+ * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,
+ *                            info (default), debug (one line per idempotency event), trace, silent
  */
 export function readConfig(env = process.env) {
   const fail = (name, expected) => {
@@ -89,6 +93,8 @@ export function readConfig(env = process.env) {
     }
   }
 
+  const logLevel = env.LOG_LEVEL || 'info';
+  if (!LOG_LEVELS.includes(logLevel)) fail('LOG_LEVEL', LOG_LEVELS.join(', '));
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
 
@@ -107,6 +113,7 @@ export function readConfig(env = process.env) {
     workers: integer('WORKERS', 1, 1),
     adminToken: env.ADMIN_TOKEN || undefined,
     demoFaults: demoFaults === '1',
+    logLevel,
   };
 }
 

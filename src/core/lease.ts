@@ -1,3 +1,4 @@
+import type { IdempotencyEventListener } from './events.js';
 import type { IdempotencyStore } from './types.js';
 
 interface HeldLease {
@@ -15,7 +16,11 @@ interface HeldLease {
  * or stuck on a slow store is followed by another before the lease runs out. A renewal answered
  * `false` means the lease was lost (another request took the key over): it is renewed no more.
  */
-export function leaseKeeper(store: IdempotencyStore, leaseMs: number) {
+export function leaseKeeper(
+  store: IdempotencyStore,
+  leaseMs: number,
+  emit: IdempotencyEventListener | undefined,
+) {
   const renewEveryMs = Math.max(1, Math.floor(leaseMs / 3));
   const held = new Set<HeldLease>();
   let ticker: NodeJS.Timeout | undefined;
@@ -30,8 +35,13 @@ export function leaseKeeper(store: IdempotencyStore, leaseMs: number) {
         .then(
           (renewed) => {
             if (!renewed) held.delete(lease);
+            if (emit)
+              emit({ type: renewed ? 'lease_renewed' : 'lease_lost', key: lease.key, scope: lease.scope });
           },
-          () => undefined,
+          (error: unknown) => {
+            if (emit)
+              emit({ type: 'store_error', operation: 'renew', key: lease.key, scope: lease.scope, error });
+          },
         );
     }
     if (held.size === 0) {
@@ -53,14 +63,4 @@ export function leaseKeeper(store: IdempotencyStore, leaseMs: number) {
       held.delete(lease);
     },
   };
-}
-
-/**
- * A handler finished after another request took its key over, so the work may have run twice.
- * A log line until the engine has an event hook.
- */
-export function reportLostLease(storeName: string, key: string, step: 'complete' | 'release'): void {
-  console.warn(
-    `retrysafe: the lease on Idempotency-Key ${JSON.stringify(key)} (${storeName} store) was lost while its handler ran; another request took the key over, so its ${step} was refused and the handler may have run twice`,
-  );
 }

@@ -2,6 +2,7 @@ import type { IncomingRequest } from './adapter-contract.js';
 import { type BodyCipher, bodyCipher, type EncryptionKey } from './crypto.js';
 import { type Duration, toMs } from './duration.js';
 import { ConfigError, type IdempotencyError } from './errors.js';
+import type { IdempotencyEventListener } from './events.js';
 import type { FingerprintBody } from './fingerprint.js';
 import type { KeyBounds } from './key.js';
 import { checkOptions, optionNames } from './option-names.js';
@@ -183,6 +184,16 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    * @example onError: (error) => ({ status: error.status, headers: {}, body: Buffer.from(error.code) })
    */
   onError?: (error: IdempotencyError) => StoredResponse | undefined;
+  /**
+   * Hears one {@link IdempotencyEvent} per moment of a guarded request: `executed`, `replayed`,
+   * `conflict`, `waited`, `released`, `fenced`, `lease_renewed`, `lease_lost`, `store_error`,
+   * `rejected`, with durations in ms. Called synchronously; a listener that throws (or rejects) is
+   * reported once as a process warning and never changes an answer. Without one, no event is
+   * built and nothing is timed. `retrysafe/otel` provides one for OpenTelemetry.
+   * @example
+   * onEvent: (event) => { if (event.type === 'store_error') log.error(event.error) }
+   */
+  onEvent?: IdempotencyEventListener;
 }
 
 /** Every option `createIdempotency` knows; adapters add their own to this list. */
@@ -209,6 +220,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   storeTimeout: true,
   encryptionKey: true,
   onError: true,
+  onEvent: true,
 });
 
 const MiB = 1024 * 1024;
@@ -258,6 +270,7 @@ export interface ResolvedOptions<Req = unknown> {
   readonly cipher: BodyCipher | undefined;
   readonly mismatchStatus: number;
   readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
+  readonly onEvent: IdempotencyEventListener | undefined;
 }
 
 /** Checks every option once, at construction, and throws a ConfigError naming the first bad one. */
@@ -304,7 +317,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
       `retrysafe: option \`headerName\` must be an HTTP header name; got ${JSON.stringify(headerName)}`,
     );
   }
-  for (const fn of ['scope', 'key', 'fingerprintBody', 'storeStatus', 'onError'] as const) {
+  for (const fn of ['scope', 'key', 'fingerprintBody', 'storeStatus', 'onError', 'onEvent'] as const) {
     if (options[fn] !== undefined && typeof options[fn] !== 'function') {
       throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
     }
@@ -348,5 +361,6 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     cipher,
     mismatchStatus,
     onError: options.onError,
+    onEvent: options.onEvent,
   });
 }

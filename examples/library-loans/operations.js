@@ -1,0 +1,183 @@
+import pino from 'pino';
+import client from 'prom-client';
+
+/**
+ * Store-error lines written per interval; past that they are counted, and one line per interval
+ * says how many were left out. During an outage every keyed request fails the same way: ten lines
+ * a minute show the cause without filling the disk at the request rate.
+ */
+const STORE_ERROR_LINES_PER_INTERVAL = 10;
+const STORE_ERROR_INTERVAL_MS = 60_000;
+
+/** Seconds: a store call or a loan takes from well under a millisecond to a few hundred. */
+const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** The detail an event is counted by besides its type: why it was released, how a wait ended, … */
+function detailOf(event) {
+  switch (event.type) {
+    case 'released':
+    case 'rejected':
+      return event.reason;
+    case 'waited':
+      return event.result;
+    case 'store_error':
+      return event.operation;
+    case 'fenced':
+      return event.step;
+    default:
+      return '';
+  }
+}
+
+/**
+ * Writes at most `lines` lines per `intervalMs`; the rest are counted, and their count is written
+ * when the interval ends (or at `flush`).
+ */
+function rateLimited(write, summarize, { lines, intervalMs }) {
+  let windowEndsMs = 0;
+  let written = 0;
+  let suppressed = 0;
+  let timer;
+  const report = () => {
+    clearTimeout(timer);
+    timer = undefined;
+    if (suppressed > 0) summarize(suppressed, intervalMs);
+    suppressed = 0;
+  };
+  return {
+    log(...args) {
+      const now = Date.now();
+      if (now >= windowEndsMs) {
+        report();
+        windowEndsMs = now + intervalMs;
+        written = 0;
+      }
+      if (written < lines) {
+        written++;
+        write(...args);
+        return;
+      }
+      suppressed++;
+      if (!timer) {
+        timer = setTimeout(report, windowEndsMs - now);
+        timer.unref();
+      }
+    },
+    flush: report,
+  };
+}
+
+/**
+ * The desk's operations side: JSON logs (pino, at `logLevel`), Prometheus metrics (prom-client) fed
+ * by retrysafe's `onEvent`, and the `GET /metrics` route. Series:
+ * - `retrysafe_outcomes_total{outcome, reason}`: every idempotency event (executed, replayed,
+ *   conflict, waited, released, fenced, lease_renewed, lease_lost, store_error, rejected), `reason`
+ *   saying why it was released or rejected, how a wait ended, which store call failed;
+ * - `retrysafe_store_duration_seconds{outcome}`: time a request spent in key-store calls;
+ * - `retrysafe_handler_duration_seconds{outcome}`: time a guarded loan took;
+ * - `retrysafe_wait_duration_seconds`: time a duplicate waited for its original;
+ * - `retrysafe_keys_purged_total`: expired keys deleted by the purge;
+ * - the process metrics of `collectDefaultMetrics` (CPU, memory, event loop lag, …).
+ * With `WORKERS=N` each worker keeps its own series and a scrape reads the worker it lands on.
+ */
+export function operations({ logLevel = 'info', destination } = {}) {
+  const logger = pino({ level: logLevel }, destination);
+  const registry = new client.Registry();
+  client.collectDefaultMetrics({ register: registry });
+  const registers = [registry];
+  const outcomes = new client.Counter({
+    name: 'retrysafe_outcomes_total',
+    help: 'Idempotency events by outcome, and why (released, rejected), how (waited) or where (store_error)',
+    labelNames: ['outcome', 'reason'],
+    registers,
+  });
+  const histogram = (name, help, labelNames) =>
+    new client.Histogram({ name, help, labelNames, buckets: DURATION_BUCKETS_S, registers });
+  const storeSeconds = histogram(
+    'retrysafe_store_duration_seconds',
+    'Time one request spent in idempotency key-store calls',
+    ['outcome'],
+  );
+  const handlerSeconds = histogram('retrysafe_handler_duration_seconds', 'Time a guarded handler took', [
+    'outcome',
+  ]);
+  const waitSeconds = histogram(
+    'retrysafe_wait_duration_seconds',
+    'Time a duplicate waited for the original',
+    [],
+  );
+  const purged = new client.Counter({
+    name: 'retrysafe_keys_purged_total',
+    help: 'Expired idempotency keys deleted by the purge',
+    registers,
+  });
+
+  const storeErrors = rateLimited(
+    (event) =>
+      logger.error(
+        { event: event.type, operation: event.operation, key: event.key, err: event.error },
+        `idempotency store ${event.operation} failed: ${event.error?.message ?? String(event.error)}`,
+      ),
+    (count, intervalMs) =>
+      logger.error(
+        { event: 'store_error', suppressed: count },
+        `${count} more idempotency store errors in the last ${intervalMs / 1000} s were not logged`,
+      ),
+    { lines: STORE_ERROR_LINES_PER_INTERVAL, intervalMs: STORE_ERROR_INTERVAL_MS },
+  );
+
+  function onEvent(event) {
+    outcomes.inc({ outcome: event.type, reason: detailOf(event) });
+    switch (event.type) {
+      case 'executed':
+      case 'released':
+        handlerSeconds.observe({ outcome: event.type }, event.handlerMs / 1000);
+        storeSeconds.observe({ outcome: event.type }, event.storeMs / 1000);
+        break;
+      case 'replayed':
+      case 'conflict':
+        storeSeconds.observe({ outcome: event.type }, event.storeMs / 1000);
+        break;
+      case 'waited':
+        waitSeconds.observe(event.waitedMs / 1000);
+        break;
+      case 'store_error':
+        storeErrors.log(event);
+        return;
+      case 'fenced':
+      case 'lease_lost':
+        logger.warn(
+          { event: event.type, key: event.key },
+          'a lease was lost while its handler ran: the loan may have been made twice',
+        );
+        return;
+    }
+    if (logger.isLevelEnabled('debug')) logger.debug({ ...event }, event.type);
+  }
+
+  async function sendMetrics(req, res) {
+    try {
+      const text = await registry.metrics();
+      res.writeHead(200, { 'content-type': registry.contentType });
+      res.end(req.method === 'HEAD' ? undefined : text);
+    } catch (error) {
+      logger.error({ err: error }, 'collecting metrics failed');
+      res.writeHead(500).end();
+    }
+  }
+
+  return {
+    logger,
+    onEvent,
+    /** Counts the keys a purge deleted. */
+    purged: (count) => purged.inc(count),
+    /** Serves `GET /metrics`; answers `false` for other paths. */
+    route(req, res, pathname) {
+      if (pathname !== '/metrics' || (req.method !== 'GET' && req.method !== 'HEAD')) return false;
+      sendMetrics(req, res);
+      return true;
+    },
+    /** Writes the count of store errors left out so far. */
+    close: () => storeErrors.flush(),
+  };
+}

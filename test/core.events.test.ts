@@ -1,0 +1,336 @@
+import { randomBytes } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterEach, describe, expect, it, vi } from 'vitest';
+import {
+  type CapturedResponse,
+  createIdempotency,
+  type IdempotencyEvent,
+  type IdempotencyOptions,
+  type IdempotencyStore,
+  type IncomingRequest,
+} from '../src/core/index.js';
+import { memoryStore } from '../src/stores/memory.js';
+import { sqliteStore } from '../src/stores/sqlite.js';
+
+/** Every event kind the engine reports, each from a request that causes it. */
+
+const stores: IdempotencyStore[] = [];
+afterEach(async () => {
+  await Promise.all(stores.splice(0).map((s) => s.close()));
+  vi.restoreAllMocks();
+});
+
+type Options = Partial<IdempotencyOptions<unknown>>;
+
+/** An engine whose events are collected in `events`. */
+function engine(options: Options = {}) {
+  const store = options.store ?? memoryStore();
+  stores.push(store);
+  const events: IdempotencyEvent[] = [];
+  const idem = createIdempotency({
+    scope: () => 'tenant',
+    onEvent: (e) => events.push(e),
+    ...options,
+    store,
+  });
+  return { idem, events, types: () => events.map((e) => e.type) };
+}
+
+/** The store with some methods replaced. */
+const withStore = (overrides: Partial<IdempotencyStore>, base = memoryStore()): IdempotencyStore => {
+  stores.push(base);
+  return { ...base, ...overrides };
+};
+
+function request(key: string | undefined, body: unknown = { isbn: 'K-01' }): IncomingRequest<unknown> {
+  return {
+    method: 'POST',
+    path: '/loans',
+    keyHeader: key,
+    contentType: 'application/json',
+    authorization: undefined,
+    readBody: async () => Buffer.from(JSON.stringify(body)),
+    raw: {},
+  };
+}
+
+const answer =
+  (status = 201, extra: Partial<CapturedResponse> = {}) =>
+  async (): Promise<CapturedResponse> => ({
+    status,
+    headers: { 'content-type': 'application/json' },
+    body: Buffer.from('{"id":1}'),
+    complete: true,
+    ...extra,
+  });
+
+const numbers = { handlerMs: expect.any(Number), storeMs: expect.any(Number) };
+
+describe('onEvent', () => {
+  it('executed, then replayed, then conflict', async () => {
+    const { idem, events } = engine();
+    await idem.handle(request('k'), async () => {
+      await sleep(20);
+      return answer()();
+    });
+    await idem.handle(request('k'), answer());
+    await idem.handle(request('k', { isbn: 'K-02' }), answer());
+    expect(events).toEqual([
+      { type: 'executed', key: 'k', scope: 'tenant', status: 201, ...numbers },
+      { type: 'replayed', key: 'k', scope: 'tenant', status: 201, storeMs: expect.any(Number) },
+      { type: 'conflict', key: 'k', scope: 'tenant', storeMs: expect.any(Number) },
+    ]);
+    const executed = events[0] as Extract<IdempotencyEvent, { type: 'executed' }>;
+    expect(executed.handlerMs).toBeGreaterThanOrEqual(15);
+    expect(executed.storeMs).toBeGreaterThanOrEqual(0);
+  });
+
+  it('released: the handler threw, its status is not stored, its response outgrew the limit', async () => {
+    const { idem, events } = engine();
+    await expect(
+      idem.handle(request('threw'), async () => {
+        throw new Error('boom');
+      }),
+    ).rejects.toThrow('boom');
+    await idem.handle(request('503'), answer(503));
+    await idem.handle(request('422'), answer(422));
+    await idem.handle(request('big'), answer(201, { complete: false }));
+    expect(events).toEqual([
+      {
+        type: 'released',
+        key: 'threw',
+        scope: 'tenant',
+        reason: 'handler_threw',
+        status: undefined,
+        ...numbers,
+      },
+      { type: 'released', key: '503', scope: 'tenant', reason: 'not_stored', status: 503, ...numbers },
+      { type: 'released', key: '422', scope: 'tenant', reason: 'not_stored', status: 422, ...numbers },
+      {
+        type: 'released',
+        key: 'big',
+        scope: 'tenant',
+        reason: 'response_too_large',
+        status: 201,
+        ...numbers,
+      },
+    ]);
+  });
+
+  it('waited: a duplicate waits for the original and replays it', async () => {
+    const { idem, events } = engine();
+    let finish!: () => void;
+    const original = idem.handle(request('w'), async () => {
+      await new Promise<void>((resolve) => {
+        finish = resolve;
+      });
+      return answer()();
+    });
+    await vi.waitFor(() => expect(finish).toBeDefined());
+    const duplicate = idem.handle(request('w'), answer());
+    await sleep(30);
+    finish();
+    await Promise.all([original, duplicate]);
+    expect(events.map((e) => e.type)).toEqual(['executed', 'waited', 'replayed']);
+    expect(events[1]).toEqual({
+      type: 'waited',
+      key: 'w',
+      scope: 'tenant',
+      waitedMs: expect.any(Number),
+      result: 'replayed',
+    });
+  });
+
+  it('waited: 409 at once with concurrency reject, and when the wait runs out', async () => {
+    for (const options of [{ concurrency: 'reject' as const }, { wait: 50 }]) {
+      const { idem, events } = engine(options);
+      let finish!: () => void;
+      const original = idem.handle(request('busy'), async () => {
+        await new Promise<void>((resolve) => {
+          finish = resolve;
+        });
+        return answer()();
+      });
+      await vi.waitFor(() => expect(finish).toBeDefined());
+      const outcome = await idem.handle(request('busy'), answer());
+      expect(outcome.kind === 'rejected' && outcome.error.code).toBe('request_in_progress');
+      finish();
+      await original;
+      expect(events.map((e) => [e.type, 'result' in e ? e.result : undefined])).toEqual([
+        ['waited', 'in_progress'],
+        ['executed', undefined],
+      ]);
+    }
+  });
+
+  it('fenced: a save or release the store refuses because the lease was taken over', async () => {
+    const store = withStore({ complete: async () => false, release: async () => false });
+    const { idem, types } = engine({ store });
+    // The key is still held (by the request that took it over, as the store says): 409.
+    const late = await idem.handle(request('late'), answer());
+    expect(late.kind === 'rejected' && late.error.code).toBe('request_in_progress');
+    await idem.handle(request('late-503'), answer(503));
+    expect(types()).toEqual(['fenced', 'fenced', 'released']);
+  });
+
+  it('lease_renewed while the handler runs; lease_lost when a renewal finds the key taken over', async () => {
+    const renewing = engine({ lease: 60 });
+    await renewing.idem.handle(request('slow'), async () => {
+      await sleep(150);
+      return answer()();
+    });
+    expect(renewing.types().filter((t) => t === 'lease_renewed').length).toBeGreaterThan(0);
+    expect(renewing.events.find((e) => e.type === 'lease_renewed')).toEqual({
+      type: 'lease_renewed',
+      key: 'slow',
+      scope: 'tenant',
+    });
+
+    for (const [renew, expected] of [
+      [async () => false, { type: 'lease_lost', key: 'k', scope: 'tenant' }],
+      [
+        () => Promise.reject(new Error('renew refused')),
+        { type: 'store_error', operation: 'renew', key: 'k', scope: 'tenant', error: expect.any(Error) },
+      ],
+    ] as const) {
+      const { idem, events } = engine({ store: withStore({ renew }), lease: 60 });
+      await idem.handle(request('k'), async () => {
+        await sleep(100);
+        return answer()();
+      });
+      expect(events).toContainEqual(expected);
+    }
+  });
+
+  it('store_error: a failed claim (503), a save that failed or timed out (the answer stands)', async () => {
+    const down = new Error('connection refused');
+    const failing = engine({ store: withStore({ claim: () => Promise.reject(down) }) });
+    const outcome = await failing.idem.handle(request('k'), answer());
+    expect(outcome.kind === 'rejected' && outcome.error.status).toBe(503);
+    expect(failing.events).toEqual([
+      { type: 'store_error', key: 'k', scope: 'tenant', operation: 'claim', error: down },
+    ]);
+
+    const stuck = engine({ store: withStore({ complete: () => new Promise(() => {}) }), storeTimeout: 30 });
+    expect((await stuck.idem.handle(request('k'), answer())).kind).toBe('executed');
+    expect(stuck.types()).toEqual(['store_error', 'executed']);
+    expect(stuck.events[0]).toMatchObject({
+      operation: 'complete',
+      error: expect.objectContaining({ message: expect.stringMatching(/did not answer within 30 ms/) }),
+    });
+  });
+
+  it('store_error: a wait that fails', async () => {
+    const store = withStore({
+      claim: async () => ({ outcome: 'in_progress', retryAfterMs: 100 }),
+      wait: () => Promise.reject(new Error('pubsub gone')),
+    });
+    const { idem, events } = engine({ store });
+    expect((await idem.handle(request('k'), answer())).kind).toBe('rejected');
+    expect(
+      events.map((e) => [e.type, 'operation' in e ? e.operation : 'result' in e ? e.result : '']),
+    ).toEqual([
+      ['store_error', 'wait'],
+      ['waited', 'store_error'],
+    ]);
+  });
+
+  it('rejected: key required, key invalid, body too large, a saved answer it cannot decrypt', async () => {
+    const { idem, events } = engine({ required: true });
+    await idem.handle(request(undefined), answer());
+    await idem.handle(request('bad\u0001key'), answer());
+    const tooLarge = await idem.handle(
+      {
+        ...request('big'),
+        readBody: async () => {
+          throw idem.bodyTooLarge();
+        },
+      },
+      answer(),
+    );
+    expect(tooLarge.kind === 'rejected' && tooLarge.error.status).toBe(413);
+
+    const store = memoryStore();
+    const before = engine({ store, encryptionKey: randomBytes(32) });
+    await before.idem.handle(request('sealed'), answer());
+    const after = engine({ store, encryptionKey: randomBytes(32) });
+    await after.idem.handle(request('sealed'), answer());
+    expect([...events, ...after.events]).toEqual([
+      { type: 'rejected', reason: 'key_missing', key: undefined, scope: undefined },
+      { type: 'rejected', reason: 'key_invalid', key: undefined, scope: undefined },
+      { type: 'rejected', reason: 'body_too_large' },
+      { type: 'rejected', reason: 'replay_unreadable', key: 'sealed', scope: 'tenant' },
+    ]);
+  });
+
+  it('atomic mode: executed, released, replayed and a store error, with the handler timed apart', async () => {
+    const store = sqliteStore({ filename: ':memory:' });
+    const { idem, events } = engine({ store, mode: 'atomic' });
+    await idem.handle(request('a'), answer());
+    await idem.handle(request('a'), answer());
+    await idem.handle(request('b'), answer(500));
+    await expect(
+      idem.handle(request('c'), async () => {
+        throw new Error('boom');
+      }),
+    ).rejects.toThrow('boom');
+    expect(events).toEqual([
+      { type: 'executed', key: 'a', scope: 'tenant', status: 201, ...numbers },
+      { type: 'replayed', key: 'a', scope: 'tenant', status: 201, storeMs: expect.any(Number) },
+      { type: 'released', key: 'b', scope: 'tenant', reason: 'not_stored', status: 500, ...numbers },
+      { type: 'released', key: 'c', scope: 'tenant', reason: 'handler_threw', ...numbers },
+    ]);
+
+    const broken = new Error('disk I/O error');
+    const failing = engine({
+      store: withStore({ atomic: () => Promise.reject(broken) } as never, store),
+      mode: 'atomic',
+    });
+    await failing.idem.handle(request('d'), answer());
+    expect(failing.events).toEqual([
+      { type: 'store_error', key: 'd', scope: 'tenant', operation: 'atomic', error: broken },
+    ]);
+  });
+
+  it('a listener that throws or rejects changes no answer and is reported once', async () => {
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error) => warnings.push(warning);
+    process.on('warning', onWarning);
+    try {
+      for (const onEvent of [
+        () => {
+          throw new Error('listener bug');
+        },
+        async () => {
+          throw new Error('async listener bug');
+        },
+      ]) {
+        const idem = createIdempotency({ store: memoryStore(), onEvent });
+        expect((await idem.handle(request('k'), answer())).kind).toBe('executed');
+        expect((await idem.handle(request('k'), answer())).kind).toBe('replayed');
+      }
+      await vi.waitFor(() => expect(warnings).toHaveLength(2));
+      expect(warnings.map((w) => w.message)).toEqual([
+        expect.stringContaining('listener bug'),
+        expect.stringContaining('async listener bug'),
+      ]);
+    } finally {
+      process.off('warning', onWarning);
+    }
+  });
+
+  it('without a listener, reads no clock beyond what the engine always did', async () => {
+    const now = vi.spyOn(performance, 'now');
+    const quiet = createIdempotency({ store: memoryStore() });
+    await quiet.handle(request('k'), answer());
+    await quiet.handle(request('k'), answer());
+    expect(now).not.toHaveBeenCalled();
+    const { idem } = engine();
+    await idem.handle(request('k'), answer());
+    expect(now).toHaveBeenCalled();
+  });
+
+  it('refuses an onEvent that is not a function', () => {
+    expect(() => createIdempotency({ store: memoryStore(), onEvent: 'log' as never })).toThrow(/`onEvent`/);
+  });
+});
