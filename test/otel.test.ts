@@ -15,7 +15,9 @@ import {
 } from '@opentelemetry/sdk-trace-base';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent, IdempotencyEventListener } from '../src/core/events.js';
+import { createIdempotency } from '../src/core/index.js';
 import { idempotencyTelemetry } from '../src/otel/index.js';
+import { memoryStore } from '../src/stores/memory.js';
 
 /** An SDK set up as a user would, with in-memory exporters to read back what was reported. */
 function telemetry() {
@@ -133,6 +135,38 @@ describe('retrysafe/otel', () => {
       span.end();
     });
     expect(sdk.spans.getFinishedSpans()[0]!.attributes).toEqual({});
+  });
+
+  it('through the engine: each request marks its own span, and the counter sees both outcomes', async () => {
+    const idem = createIdempotency({ store: memoryStore(), onEvent: listener });
+    const request = {
+      method: 'POST',
+      path: '/loans',
+      keyHeader: 'order-9',
+      contentType: 'application/json',
+      authorization: 'Bearer secret-token',
+      readBody: async () => Buffer.from('{"isbn":"K-01"}'),
+      raw: {},
+    };
+    const run = async () => ({ status: 201, headers: {}, body: Buffer.from('{}'), complete: true });
+    for (const name of ['first', 'retry']) {
+      await sdk.tracer.startActiveSpan(name, async (span: Span) => {
+        await idem.handle(request, run);
+        span.end();
+      });
+    }
+    expect(sdk.spans.getFinishedSpans().map((s) => [s.name, s.attributes])).toEqual([
+      ['first', { 'idempotency.outcome': 'executed', 'idempotency.key': 'order-9' }],
+      ['retry', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'order-9' }],
+    ]);
+    const counted = (await sdk.points('idempotency.outcomes')).map((p) => [
+      p.attributes['idempotency.outcome'],
+      p.value,
+    ]);
+    expect(counted).toEqual([
+      ['executed', 1],
+      ['replayed', 1],
+    ]);
   });
 
   it('does nothing to spans when none is active', () => {
