@@ -1,5 +1,6 @@
 import pino from 'pino';
 import client from 'prom-client';
+import { eventDetail } from 'retrysafe';
 
 /**
  * Store-error lines written per interval; past that they are counted, and one line per interval
@@ -11,23 +12,6 @@ const STORE_ERROR_INTERVAL_MS = 60_000;
 
 /** Seconds: a store call or a loan takes from well under a millisecond to a few hundred. */
 const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
-
-/** The detail an event is counted by besides its type: why it was released, how a wait ended, … */
-function detailOf(event) {
-  switch (event.type) {
-    case 'released':
-    case 'rejected':
-      return event.reason;
-    case 'waited':
-      return event.result;
-    case 'store_error':
-      return event.operation;
-    case 'fenced':
-      return event.step;
-    default:
-      return '';
-  }
-}
 
 /**
  * Writes at most `lines` lines per `intervalMs`; the rest are counted, and their count is written
@@ -127,7 +111,7 @@ export function operations({ logLevel = 'info', destination } = {}) {
   );
 
   function onEvent(event) {
-    outcomes.inc({ outcome: event.type, reason: detailOf(event) });
+    outcomes.inc({ outcome: event.type, reason: eventDetail(event)?.value ?? '' });
     switch (event.type) {
       case 'executed':
       case 'released':

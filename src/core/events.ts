@@ -115,6 +115,31 @@ export type IdempotencyEvent =
 
 export type IdempotencyEventType = IdempotencyEvent['type'];
 
+/**
+ * What an event is counted by besides its type, for metrics: why it was released or rejected
+ * (`reason`), how a wait ended (`result`), which store call failed (`operation`), which step was
+ * fenced (`step`); `undefined` for the other types.
+ * @example
+ * onEvent: (event) => outcomes.inc({ outcome: event.type, reason: eventDetail(event)?.value ?? '' })
+ */
+export function eventDetail(
+  event: IdempotencyEvent,
+): { name: 'reason' | 'result' | 'operation' | 'step'; value: string } | undefined {
+  switch (event.type) {
+    case 'released':
+    case 'rejected':
+      return { name: 'reason', value: event.reason };
+    case 'waited':
+      return { name: 'result', value: event.result };
+    case 'store_error':
+      return { name: 'operation', value: event.operation };
+    case 'fenced':
+      return { name: 'step', value: event.step };
+    default:
+      return undefined;
+  }
+}
+
 /** The option `onEvent` takes. */
 export type IdempotencyEventListener = (event: IdempotencyEvent) => void;
 

@@ -29,6 +29,7 @@ export type {
   StoreErrorEvent,
   WaitedEvent,
 } from './events.js';
+export { eventDetail } from './events.js';
 export { type FingerprintBody, type FingerprintInput, fingerprint } from './fingerprint.js';
 export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
 export { credentialScope } from './scope.js';

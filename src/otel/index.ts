@@ -1,5 +1,5 @@
 import { type Attributes, type MeterProvider, metrics, trace } from '@opentelemetry/api';
-import type { IdempotencyEvent, IdempotencyEventListener } from '../core/events.js';
+import { eventDetail, type IdempotencyEvent, type IdempotencyEventListener } from '../core/events.js';
 
 export interface IdempotencyTelemetryOptions {
   /**
@@ -16,23 +16,6 @@ export interface IdempotencyTelemetryOptions {
  * one in the first bucket.
  */
 const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
-
-/** The detail an event type is counted by, besides its type. */
-function detailOf(event: IdempotencyEvent): [string, string] | undefined {
-  switch (event.type) {
-    case 'released':
-    case 'rejected':
-      return ['idempotency.reason', event.reason];
-    case 'waited':
-      return ['idempotency.result', event.result];
-    case 'store_error':
-      return ['idempotency.operation', event.operation];
-    case 'fenced':
-      return ['idempotency.step', event.step];
-    default:
-      return undefined;
-  }
-}
 
 /**
  * An `onEvent` listener that reports retrysafe to OpenTelemetry.
@@ -84,11 +67,14 @@ export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}):
     for (const { attributes, count } of tallies.values()) result.observe(count, attributes);
   });
   const tallyOf = (event: IdempotencyEvent) => {
-    const detail = detailOf(event);
-    const id = detail ? `${event.type}\0${detail[1]}` : event.type;
+    const detail = eventDetail(event);
+    const id = detail ? `${event.type}\0${detail.value}` : event.type;
     let tally = tallies.get(id);
     if (!tally) {
-      const attributes = { 'idempotency.outcome': event.type, ...(detail && { [detail[0]]: detail[1] }) };
+      const attributes = {
+        'idempotency.outcome': event.type,
+        ...(detail && { [`idempotency.${detail.name}`]: detail.value }),
+      };
       tally = { attributes: Object.freeze(attributes), count: 0 };
       tallies.set(id, tally);
     }
