@@ -6,7 +6,11 @@ interface RequestEvent {
   scope: string;
 }
 
-/** The handler ran and its response was saved: retries with this key replay it. */
+/**
+ * The handler ran and its response was saved: retries with this key replay it. A save that failed
+ * is reported as a `store_error` (`complete`) just before; the response is sent all the same, and
+ * the key stays in progress until its lease passes.
+ */
 export interface ExecutedEvent extends RequestEvent {
   type: 'executed';
   status: number;
