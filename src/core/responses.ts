@@ -1,5 +1,5 @@
 import { ErrorCode, IdempotencyError } from './errors.js';
-import type { ResolvedOptions } from './options.js';
+import type { ResolvedOptions } from './resolve-options.js';
 import type { StoredResponse } from './types.js';
 
 export const REPLAYED_HEADER = 'idempotency-replayed';

@@ -1,0 +1,70 @@
+import type { Outcome } from './adapter-contract.js';
+import { ErrorCode, type IdempotencyError } from './errors.js';
+import type { IdempotencyEventListener, RejectedEvent, StoreErrorEvent, WaitedEvent } from './events.js';
+import type { ResolvedOptions } from './resolve-options.js';
+import { conflict, replayUnreadable, toReplay } from './responses.js';
+import type { ClaimInput, StoredResponse } from './types.js';
+
+/** How a wait ended, from the outcome of the atomic call that ended it. */
+export function waitResultOf(outcome: Outcome): WaitedEvent['result'] {
+  if (outcome.kind !== 'rejected') return outcome.kind === 'replayed' ? 'replayed' : 'acquired';
+  switch (outcome.error.code) {
+    case ErrorCode.keyConflict:
+      return 'conflict';
+    case ErrorCode.storeUnavailable:
+      return 'store_error';
+    case ErrorCode.replayUnreadable:
+      return 'replayed';
+    default:
+      return 'acquired';
+  }
+}
+
+/**
+ * The engine's steps that are reported as they happen: each answers its outcome (or notes a failed
+ * store call) and emits its event when there is a listener.
+ */
+export function engineEvents<Req>(config: ResolvedOptions<Req>, emit: IdempotencyEventListener | undefined) {
+  function rejected(error: IdempotencyError, reason: RejectedEvent['reason'], scope?: string): Outcome {
+    if (emit) emit({ type: 'rejected', reason, key: error.key, scope });
+    return { kind: 'rejected', error };
+  }
+
+  /** Reports the failure of a store call (a throw or a timeout); answers `undefined`. */
+  function storeFailed(
+    operation: StoreErrorEvent['operation'],
+    claim: ClaimInput,
+    error: unknown,
+  ): undefined {
+    if (emit) emit({ type: 'store_error', operation, key: claim.key, scope: claim.scope, error });
+    return undefined;
+  }
+
+  function replayOrError(stored: StoredResponse, claim: ClaimInput, storeMs: number): Outcome {
+    let response: StoredResponse;
+    try {
+      response = toReplay(config, stored);
+    } catch (cause) {
+      return rejected(replayUnreadable(cause, claim.key), 'replay_unreadable', claim.scope);
+    }
+    if (emit)
+      emit({ type: 'replayed', key: claim.key, scope: claim.scope, status: response.status, storeMs });
+    return { kind: 'replayed', response };
+  }
+
+  function conflictOf(claim: ClaimInput, storeMs: number): Outcome {
+    if (emit) emit({ type: 'conflict', key: claim.key, scope: claim.scope, storeMs });
+    return { kind: 'rejected', error: conflict(config, claim.key) };
+  }
+
+  function waited(claim: ClaimInput, sinceMs: number | undefined, result: WaitedEvent['result']): void {
+    if (emit && sinceMs !== undefined) {
+      const waitedMs = performance.now() - sinceMs;
+      emit({ type: 'waited', key: claim.key, scope: claim.scope, waitedMs, result });
+    }
+  }
+
+  return { rejected, storeFailed, replayOrError, conflictOf, waited };
+}
+
+export type EngineEvents = ReturnType<typeof engineEvents>;

@@ -1,0 +1,161 @@
+import type { IncomingRequest } from './adapter-contract.js';
+import { type BodyCipher, bodyCipher } from './crypto.js';
+import { toMs } from './duration.js';
+import { ConfigError, type IdempotencyError } from './errors.js';
+import type { IdempotencyEventListener } from './events.js';
+import type { FingerprintBody } from './fingerprint.js';
+import type { KeyBounds } from './key.js';
+import { checkOptions } from './option-names.js';
+import {
+  DEFAULT_REPLAY_HEADERS,
+  defaultStoreStatus,
+  ENGINE_OPTION_NAMES,
+  type IdempotencyOptions,
+} from './options.js';
+import { credentialScope } from './scope.js';
+import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
+
+/** Headers that never reach storage, whatever the allowlist says. */
+const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);
+
+const MiB = 1024 * 1024;
+
+function positiveInt(option: string, value: number | undefined, fallback: number): number {
+  const resolved = value ?? fallback;
+  if (!Number.isSafeInteger(resolved) || resolved < 1) {
+    throw new ConfigError(`retrysafe: option \`${option}\` must be a positive integer; got ${String(value)}`);
+  }
+  return resolved;
+}
+
+function oneOf<T extends string>(option: string, value: T | undefined, allowed: readonly T[]): T {
+  const resolved = value ?? (allowed[0] as T);
+  if (!allowed.includes(resolved)) {
+    throw new ConfigError(
+      `retrysafe: option \`${option}\` must be one of ${allowed.map((a) => `'${a}'`).join(', ')}; got ${JSON.stringify(value)}`,
+    );
+  }
+  return resolved;
+}
+
+/** The options as the engine runs with them: checked, defaulted, in milliseconds and bytes. */
+export interface ResolvedOptions<Req = unknown> {
+  readonly store: IdempotencyStore;
+  readonly mode: 'lease' | 'atomic';
+  /** The lower-case header the key is read from; `undefined` when the `key` option reads it. */
+  readonly keyHeader: string | undefined;
+  readonly keyOf: ((req: Req) => string | undefined | Promise<string | undefined>) | undefined;
+  readonly required: boolean;
+  readonly concurrency: 'wait' | 'reject';
+  readonly profile: 'default' | 'ietf';
+  readonly ttlMs: number;
+  readonly leaseMs: number;
+  readonly waitMs: number;
+  readonly storeTimeoutMs: number;
+  readonly bounds: KeyBounds;
+  readonly maxBodyBytes: number;
+  readonly maxResponseBytes: number;
+  readonly methods: ReadonlySet<string>;
+  readonly scopeOf: (request: IncomingRequest<Req>) => string | Promise<string>;
+  readonly fingerprintBody: FingerprintBody | undefined;
+  readonly storeStatus: (status: number) => boolean;
+  /** Lower-case names of the headers stored and replayed. */
+  readonly replayHeaders: ReadonlySet<string>;
+  readonly storedHeaderNames: readonly string[];
+  readonly cipher: BodyCipher | undefined;
+  readonly mismatchStatus: number;
+  readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
+  readonly onEvent: IdempotencyEventListener | undefined;
+}
+
+/** Checks every option once, at construction, and throws a ConfigError naming the first bad one. */
+export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): ResolvedOptions<Req> {
+  const options = checkOptions('createIdempotency()', given, ENGINE_OPTION_NAMES);
+  const { store } = options;
+  if (!store || typeof store.claim !== 'function' || typeof store.complete !== 'function') {
+    throw new ConfigError('retrysafe: option `store` is required and must implement the store contract');
+  }
+  const mode = oneOf('mode', options.mode, ['lease', 'atomic']);
+  if (mode === 'atomic' && !isAtomicStore(store)) {
+    throw new ConfigError(
+      `retrysafe: option \`mode: 'atomic'\` needs a store with transactions; ${store.name} has none`,
+    );
+  }
+  if (mode === 'lease' && typeof store.renew !== 'function') {
+    throw new ConfigError(
+      `retrysafe: ${store.name} store has no \`renew\`, which lease mode needs to keep running handlers' claims`,
+    );
+  }
+  const concurrency = oneOf('concurrency', options.concurrency, ['wait', 'reject']);
+  const profile = oneOf('profile', options.profile, ['default', 'ietf']);
+  const ttlMs = toMs('ttl', options.ttl ?? '24h', { min: 1 });
+  // A record lives as long as the longer of its lease and retention, so a lease past a short
+  // retention (a demo's '2s') would keep the key for the lease instead: it is shortened to
+  // retention, and renewals keep a running handler's claim however short it is.
+  const leaseMs = Math.min(toMs('lease', options.lease ?? '10s', { min: 1 }), ttlMs);
+  const waitMs = toMs('wait', options.wait ?? '10s');
+  const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });
+  const minKeyLength = positiveInt('minKeyLength', options.minKeyLength, 1);
+  const maxKeyLength = positiveInt('maxKeyLength', options.maxKeyLength, 255);
+  if (minKeyLength > maxKeyLength) {
+    throw new ConfigError('retrysafe: option `minKeyLength` must not exceed `maxKeyLength`');
+  }
+  const maxBodyBytes = positiveInt('maxBodyBytes', options.maxBodyBytes, MiB);
+  const maxResponseBytes = positiveInt('maxResponseBytes', options.maxResponseBytes, MiB);
+  if (options.methods !== undefined && !Array.isArray(options.methods)) {
+    throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
+  }
+  const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+  const headerName = options.headerName ?? 'Idempotency-Key';
+  if (typeof headerName !== 'string' || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(headerName)) {
+    throw new ConfigError(
+      `retrysafe: option \`headerName\` must be an HTTP header name; got ${JSON.stringify(headerName)}`,
+    );
+  }
+  for (const fn of ['scope', 'key', 'fingerprintBody', 'storeStatus', 'onError', 'onEvent'] as const) {
+    if (options[fn] !== undefined && typeof options[fn] !== 'function') {
+      throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
+    }
+  }
+  const userScope = options.scope;
+  const scopeOf = userScope
+    ? (request: IncomingRequest<Req>) => userScope(request.raw)
+    : (request: IncomingRequest<Req>) => credentialScope(request.authorization);
+  const storeStatus = options.storeStatus ?? defaultStoreStatus;
+  const replayHeaders = new Set(
+    [...DEFAULT_REPLAY_HEADERS, ...(options.replayHeaders ?? [])].map((h) => h.toLowerCase()),
+  );
+  for (const header of NEVER_STORED) replayHeaders.delete(header);
+  const storedHeaderNames = [...replayHeaders];
+  const cipher: BodyCipher | undefined =
+    options.encryptionKey === undefined ? undefined : bodyCipher(options.encryptionKey);
+  const bounds = { minLength: minKeyLength, maxLength: maxKeyLength };
+  const mismatchStatus = profile === 'ietf' ? 422 : 409;
+
+  return Object.freeze({
+    store,
+    mode,
+    keyHeader: options.key ? undefined : headerName.toLowerCase(),
+    keyOf: options.key,
+    required: options.required ?? false,
+    concurrency,
+    profile,
+    ttlMs,
+    leaseMs,
+    waitMs,
+    storeTimeoutMs,
+    bounds,
+    maxBodyBytes,
+    maxResponseBytes,
+    methods,
+    scopeOf,
+    fingerprintBody: options.fingerprintBody,
+    storeStatus,
+    replayHeaders,
+    storedHeaderNames,
+    cipher,
+    mismatchStatus,
+    onError: options.onError,
+    onEvent: options.onEvent,
+  });
+}

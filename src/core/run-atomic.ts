@@ -1,0 +1,88 @@
+import type { CapturedResponse, IdempotencyContext, Outcome } from './adapter-contract.js';
+import type { EngineEvents } from './engine-events.js';
+import type { IdempotencyEventListener } from './events.js';
+import { handlerContext } from './handler-context.js';
+import type { ResolvedOptions } from './resolve-options.js';
+import { responseTooLarge, storeDown, toStored } from './responses.js';
+import type { AtomicStore, ClaimInput } from './types.js';
+
+/**
+ * Atomic mode's step: claims the key and runs the handler in one store transaction, which commits
+ * the handler's writes with its response or rolls both back.
+ */
+export function atomicRunner<Req, Tx>(
+  config: ResolvedOptions<Req>,
+  emit: IdempotencyEventListener | undefined,
+  events: EngineEvents,
+) {
+  const { store, storeStatus } = config;
+  const { storeFailed, replayOrError, conflictOf } = events;
+
+  async function runAtomic(
+    claim: ClaimInput,
+    run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
+  ): Promise<Outcome | { kind: 'in_progress'; retryAfterMs: number }> {
+    let handlerFailed = false;
+    let handlerError: unknown;
+    let captured: CapturedResponse | undefined;
+    const startMs = emit ? performance.now() : 0;
+    let handlerMs = 0;
+    // The store's share of the call: everything but the handler (claim, save, commit).
+    const storeMs = () => performance.now() - startMs - handlerMs;
+    try {
+      const result = await (store as AtomicStore<Tx>).atomic(claim, async (tx) => {
+        const handlerStartMs = emit ? performance.now() : 0;
+        try {
+          captured = await run(handlerContext(claim, tx));
+        } catch (error) {
+          handlerFailed = true;
+          handlerError = error;
+          throw error;
+        } finally {
+          if (emit) handlerMs = performance.now() - handlerStartMs;
+        }
+        if (!captured.complete) {
+          // Nothing may reach the client before the commit, so an oversized response cannot be
+          // streamed: roll everything back and say why.
+          return { response: toStored(config, captured), commit: false };
+        }
+        return { response: toStored(config, captured), commit: storeStatus(captured.status) };
+      });
+      switch (result.outcome) {
+        case 'executed': {
+          const { status, complete } = captured!;
+          if (emit) {
+            const event = { key: claim.key, scope: claim.scope, status, handlerMs, storeMs: storeMs() };
+            if (result.committed) emit({ type: 'executed', ...event });
+            else emit({ type: 'released', reason: complete ? 'not_stored' : 'response_too_large', ...event });
+          }
+          if (!complete) {
+            return {
+              kind: 'rejected',
+              error: responseTooLarge(config, claim.key),
+            };
+          }
+          return { kind: 'executed', response: captured! };
+        }
+        case 'replay':
+          return replayOrError(result.response, claim, emit ? storeMs() : 0);
+        case 'mismatch':
+          return conflictOf(claim, emit ? storeMs() : 0);
+        case 'in_progress':
+          return { kind: 'in_progress', retryAfterMs: result.retryAfterMs };
+      }
+    } catch (error) {
+      if (handlerFailed) {
+        if (emit) {
+          const { key, scope } = claim;
+          emit({ type: 'released', key, scope, reason: 'handler_threw', handlerMs, storeMs: storeMs() });
+        }
+        throw handlerError;
+      }
+      storeFailed('atomic', claim, error);
+      return { kind: 'rejected', error: storeDown(error, claim.key) };
+    }
+  }
+
+  return runAtomic;
+}
