@@ -79,6 +79,45 @@ describe('loan desk /metrics', () => {
   }, 20_000);
 });
 
+describe('loan desk /metrics with WORKERS=2', () => {
+  it('every scrape counts the requests of both workers, and keeps process metrics per worker', async () => {
+    const desk = await startLoanDesk({ workers: 2, env: { LOG_LEVEL: 'debug' } });
+    // A new connection per request: the cluster primary deals connections to the workers in turn.
+    const fresh = { connection: 'close' };
+    const keys = Array.from({ length: 8 }, () => randomUUID());
+    const scrapes: string[] = [];
+    let output: string;
+    try {
+      for (const key of keys)
+        expect((await postLoan(desk.baseUrl, loan(), { key, headers: fresh })).status).toBe(201);
+      const replay = await postLoan(desk.baseUrl, loan(), { key: keys[0], headers: fresh });
+      expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      for (let i = 0; i < 6; i++) {
+        const metrics = await fetch(`${desk.baseUrl}/metrics`, { headers: fresh });
+        expect(metrics.status).toBe(200);
+        scrapes.push(await metrics.text());
+      }
+    } finally {
+      expect(await desk.stop()).toBe(0);
+      output = desk.output();
+    }
+    const executedBy = logLines(output).filter((line) => line.type === 'executed');
+    expect(new Set(executedBy.map((line) => line.pid)).size).toBe(2);
+    for (const text of scrapes) {
+      expect(sample(text, 'retrysafe_outcomes_total{outcome="executed",reason=""}')).toBe(keys.length);
+      expect(sample(text, 'retrysafe_outcomes_total{outcome="replayed",reason=""}')).toBe(1);
+      expect(sample(text, 'retrysafe_handler_duration_seconds_count{outcome="executed"}')).toBe(keys.length);
+      expect(sample(text, 'retrysafe_keys_purged_total')).toBe(0);
+      // A sum of heaps or event-loop lags describes no process: each worker's stay apart.
+      for (const worker of ['1', '2']) {
+        expect(sample(text, `process_resident_memory_bytes{worker="${worker}"}`)).toBeGreaterThan(0);
+        expect(sample(text, `nodejs_heap_size_used_bytes{worker="${worker}"}`)).toBeGreaterThan(0);
+      }
+      expect(text).not.toContain('process_start_time_seconds');
+    }
+  }, 30_000);
+});
+
 describe('loan desk logs', () => {
   it('a key-store outage logs its cause, ten lines a minute, then how many it left out', async () => {
     const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: `redis://127.0.0.1:${await deadPort()}` } });

@@ -1,3 +1,4 @@
+import cluster from 'node:cluster';
 import pino from 'pino';
 import client from 'prom-client';
 import { eventDetail } from 'retrysafe';
@@ -12,6 +13,10 @@ const STORE_ERROR_INTERVAL_MS = 60_000;
 
 /** Seconds: a store call or a loan takes from well under a millisecond to a few hundred. */
 const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** IPC: a worker asks the primary for the whole desk's metrics; the primary answers. */
+const METRICS_REQUEST = 'loan-desk:metrics-request';
+const METRICS_ANSWER = 'loan-desk:metrics-answer';
 
 /**
  * Writes at most `lines` lines per `intervalMs`; the rest are counted, and their count is written
@@ -62,12 +67,12 @@ function rateLimited(write, summarize, { lines, intervalMs }) {
  * - `retrysafe_wait_duration_seconds`: time a duplicate waited for its original;
  * - `retrysafe_keys_purged_total`: expired keys deleted by the purge;
  * - the process metrics of `collectDefaultMetrics` (CPU, memory, event loop lag, …).
- * With `WORKERS=N` each worker keeps its own series and a scrape reads the worker it lands on.
+ * In a worker of `WORKERS=N`, `/metrics` answers the whole desk (see `aggregateWorkerMetrics`).
  */
 export function operations({ logLevel = 'info', destination } = {}) {
   const logger = pino({ level: logLevel }, destination);
-  const registry = new client.Registry();
-  client.collectDefaultMetrics({ register: registry });
+  const { registry, processRegistry, collect } = cluster.isWorker ? workerRegistries() : localRegistries();
+  client.collectDefaultMetrics({ register: processRegistry });
   const registers = [registry];
   const outcomes = new client.Counter({
     name: 'retrysafe_outcomes_total',
@@ -141,7 +146,7 @@ export function operations({ logLevel = 'info', destination } = {}) {
 
   async function sendMetrics(req, res) {
     try {
-      const text = await registry.metrics();
+      const text = await collect();
       res.writeHead(200, { 'content-type': registry.contentType });
       res.end(req.method === 'HEAD' ? undefined : text);
     } catch (error) {
@@ -164,4 +169,64 @@ export function operations({ logLevel = 'info', destination } = {}) {
     /** Writes the count of store errors left out so far. */
     close: () => storeErrors.flush(),
   };
+}
+
+function localRegistries() {
+  const registry = new client.Registry();
+  return { registry, processRegistry: registry, collect: () => registry.metrics() };
+}
+
+/**
+ * A worker's registries: the desk's series, summed over the workers by the primary, and the
+ * process metrics, which carry the worker's id: a sum or an average of N heaps, CPU times or
+ * event-loop lags describes no process. Constructing an AggregatorRegistry is what makes prom-client
+ * answer the primary's requests, from the registries given to `setRegistries`. `collect` asks the
+ * primary for the whole desk, whichever worker the scrape lands on.
+ */
+function workerRegistries() {
+  const registry = new client.AggregatorRegistry();
+  const processRegistry = new client.Registry();
+  processRegistry.setDefaultLabels({ worker: String(cluster.worker.id) });
+  client.AggregatorRegistry.setRegistries([registry, processRegistry]);
+
+  const waiting = new Map();
+  let lastId = 0;
+  process.on('message', (message) => {
+    if (message?.type !== METRICS_ANSWER) return;
+    waiting.get(message.id)?.(message);
+    waiting.delete(message.id);
+  });
+  const collect = () =>
+    new Promise((resolve, reject) => {
+      const id = ++lastId;
+      waiting.set(id, (answer) =>
+        answer.error === undefined ? resolve(answer.text) : reject(new Error(answer.error)),
+      );
+      process.send({ type: METRICS_REQUEST, id }, (error) => {
+        if (!error) return;
+        waiting.delete(id);
+        reject(error);
+      });
+    });
+  return { registry, processRegistry, collect };
+}
+
+/**
+ * The primary of `WORKERS=N`: answers a worker's request for the desk's metrics with prom-client's
+ * aggregate of every worker's registries (counters and histograms summed, process metrics one
+ * series per worker). A worker that has not answered within prom-client's 5 s fails the scrape.
+ */
+export function aggregateWorkerMetrics() {
+  const aggregator = new client.AggregatorRegistry();
+  cluster.on('message', (worker, message) => {
+    if (message?.type !== METRICS_REQUEST) return;
+    aggregator
+      .clusterMetrics()
+      .then(
+        (text) => ({ text }),
+        (error) => ({ error: error.message }),
+      )
+      // The callback takes the error of a worker gone meanwhile: there is no one left to answer.
+      .then((answer) => worker.send({ type: METRICS_ANSWER, id: message.id, ...answer }, () => {}));
+  });
 }

@@ -3,6 +3,7 @@ import cluster from 'node:cluster';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
+import { aggregateWorkerMetrics } from './operations.js';
 
 /** How long a stopping process lets requests in flight finish before it exits anyway. */
 const SHUTDOWN_GRACE_MS = 10_000;
@@ -21,8 +22,9 @@ async function serve(config, { setup }) {
 
 /**
  * The primary of `WORKERS=N`: creates the schema and catalog once, then forks N workers that share
- * the port (node:cluster hands them the connections) and the database. A worker that dies after
- * the desk is up is replaced; one that dies during start stops the desk, as it would die again.
+ * the port (node:cluster hands them the connections) and the database, and adds up their metrics
+ * for `GET /metrics`. A worker that dies after the desk is up is replaced; one that dies during
+ * start stops the desk, as it would die again.
  */
 async function supervise(config) {
   const database = await openDatabase(config, { setup: true });
@@ -32,6 +34,7 @@ async function supervise(config) {
       'loan desk: IDEMPOTENCY_STORE=memory keeps keys per worker; retries landing on another worker run again',
     );
   }
+  aggregateWorkerMetrics();
   let ready = false;
   let stopping = false;
   let listening = 0;
