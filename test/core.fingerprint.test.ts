@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { fingerprint } from '../src/core/fingerprint.js';
+import { fingerprint, parsedBody } from '../src/core/fingerprint.js';
 
 const json = 'application/json';
 const fp = (body: string, contentType: string | undefined = json, method = 'POST', path = '/loans') =>
@@ -212,5 +212,99 @@ describe('fingerprint', () => {
         expect(fp(JSON.stringify(a))).not.toBe(fp(JSON.stringify(b)));
       }),
     );
+  });
+});
+
+describe('fingerprint of a body a parser already parsed', () => {
+  const parsed = (value: unknown, contentType: string | undefined = json) =>
+    fingerprint({ method: 'POST', path: '/loans', contentType, body: parsedBody(value) });
+
+  /** What JSON.parse can make, plus NaN; a few names and leaves, so that near twins are common. */
+  const special = fc.constantFrom(null, Number.POSITIVE_INFINITY, Number.NEGATIVE_INFINITY, Number.NaN);
+  const parsedValue = fc.letrec((tie) => ({
+    value: fc.oneof(
+      { depthSize: 'small' },
+      special,
+      fc.constantFrom(0, -0, 1, true, 'a', 'null', 'Infinity', '\ud800'),
+      fc.array(tie('value'), { maxLength: 3 }),
+      fc.dictionary(fc.constantFrom('a', 'b', 'null'), tie('value'), { maxKeys: 2 }),
+    ),
+  })).value;
+
+  /** Structural equality, key order aside, with Infinity, -Infinity, NaN and null all distinct. */
+  function same(a: unknown, b: unknown): boolean {
+    if (typeof a === 'number' && typeof b === 'number')
+      return a === b || (Number.isNaN(a) && Number.isNaN(b));
+    if (Array.isArray(a) || Array.isArray(b)) {
+      return (
+        Array.isArray(a) && Array.isArray(b) && a.length === b.length && a.every((x, i) => same(x, b[i]))
+      );
+    }
+    if (typeof a === 'object' && a !== null && typeof b === 'object' && b !== null) {
+      const keys = Object.keys(a);
+      return (
+        keys.length === Object.keys(b).length &&
+        keys.every((k) => Object.hasOwn(b, k) && same((a as never)[k], (b as never)[k]))
+      );
+    }
+    return a === b;
+  }
+
+  it('differs whenever the parsed values differ, Infinity, -Infinity, NaN and null included', () => {
+    fc.assert(
+      fc.property(parsedValue, parsedValue, (a, b) => {
+        fc.pre(!same(a, b));
+        expect(parsed(a)).not.toBe(parsed(b));
+      }),
+      { numRuns: 2000 },
+    );
+    expect(parsed({ n: Number.POSITIVE_INFINITY })).not.toBe(parsed({ n: null }));
+    expect(parsed([Number.NaN])).not.toBe(parsed([Number.NEGATIVE_INFINITY]));
+  });
+
+  it('is the same for the same request: the same value, or a copy of it', () => {
+    fc.assert(
+      fc.property(parsedValue, (value) => {
+        expect(parsed(structuredClone(value))).toBe(parsed(value));
+      }),
+    );
+    const body = JSON.parse('{"n":1e400,"m":[-1e400]}');
+    expect(parsed(body)).toBe(parsed(JSON.parse('{"n":2e400,"m":[-3e999]}')));
+  });
+
+  it('is unchanged for a value JSON writes exactly: the fingerprint of the JSON text', () => {
+    fc.assert(
+      fc.property(awkwardJson, fc.constantFrom(json, 'application/x-www-form-urlencoded'), (value, type) => {
+        // A string a text parser made is the body as sent, and null no body: those are not written.
+        fc.pre(typeof value !== 'string' && value !== null);
+        expect(parsed(value, type)).toBe(fp(JSON.stringify(value), type));
+      }),
+      { numRuns: 500 },
+    );
+  });
+
+  it('keeps the values JSON cannot write apart from raw bodies and from the canonical domain', () => {
+    const infinite = parsed({ n: Number.POSITIVE_INFINITY });
+    for (const text of ['{"n":Infinity}', '{"n":1e400}', '{"n":null}']) {
+      expect(infinite).not.toBe(fp(text));
+      expect(infinite).not.toBe(fp(text, 'text/plain'));
+    }
+  });
+
+  it('-0 is 0 (RFC 8785 writes both as 0), and an undefined member is no member; an undefined item is not null', () => {
+    expect(parsed({ n: -0 })).toBe(parsed({ n: 0 }));
+    expect(parsed({ a: 1, b: undefined })).toBe(parsed({ a: 1 }));
+    expect(parsed([undefined])).not.toBe(parsed([null]));
+  });
+
+  it('writes a body nested past the stack, exact or not', () => {
+    const deep = (inner: unknown) => {
+      let value = inner;
+      for (let i = 0; i < 200_000; i++) value = [value];
+      return value;
+    };
+    const text = `${'['.repeat(200_000)}1${']'.repeat(200_000)}`;
+    expect(parsed(deep(1))).toBe(fp(text));
+    expect(parsed(deep(Number.POSITIVE_INFINITY))).not.toBe(parsed(deep(null)));
   });
 });

@@ -7,7 +7,9 @@ import {
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  parsedBody,
   type RegisteredTx,
+  type RequestBody,
 } from '../core/index.js';
 import { checkOptions } from '../core/option-names.js';
 import { ENGINE_OPTION_NAMES } from '../core/options.js';
@@ -116,14 +118,10 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
   };
 }
 
-function bodyOf(req: Request, engine: Idempotency<Request, unknown>): Uint8Array | Promise<Uint8Array> {
+function bodyOf(req: Request, engine: Idempotency<Request, unknown>): RequestBody | Promise<Uint8Array> {
   // A body parser mounted earlier consumed the stream (Express 5 leaves it ended, body-parser 1
   // sets `_body`): fingerprint what it parsed. JSON is canonicalised, so re-serialising is exact.
-  if (req.readableEnded || (req as { _body?: boolean })._body) {
-    const bytes = parsedBytes(req.body);
-    if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
-    return bytes;
-  }
+  if (req.readableEnded || (req as { _body?: boolean })._body) return parsedBody(req.body);
   return readUnparsed(req, engine);
 }
 
@@ -137,52 +135,4 @@ async function readUnparsed(req: Request, engine: Idempotency<Request, unknown>)
   // Parsers mounted later then skip the consumed stream instead of waiting on it.
   Object.assign(req, { body, _body: true });
   return body;
-}
-
-/** The bytes to fingerprint for a body a parser already parsed (the Nest adapter uses it too). */
-export function parsedBytes(body: unknown): Uint8Array {
-  if (body === undefined || body === null) return new Uint8Array(0);
-  if (body instanceof Uint8Array) return body;
-  if (typeof body === 'string') return Buffer.from(body, 'utf8');
-  let text: string;
-  try {
-    text = JSON.stringify(body);
-  } catch (error) {
-    // JSON.parse nests without limit but JSON.stringify recurses: a body nested deeper than the
-    // stack is still a request to fingerprint, not a 500.
-    if (!(error instanceof RangeError)) throw error;
-    text = stringifyDeep(body);
-  }
-  return Buffer.from(text, 'utf8');
-}
-
-/** What JSON.stringify writes for a parsed body, with an explicit stack instead of recursion. */
-function stringifyDeep(root: unknown): string {
-  const out: string[] = [];
-  // Values still to write, and the punctuation between them, in reverse order.
-  const todo: Array<{ value: unknown } | string> = [{ value: root }];
-  for (let next = todo.pop(); next !== undefined; next = todo.pop()) {
-    if (typeof next === 'string') {
-      out.push(next);
-      continue;
-    }
-    const { value } = next;
-    if (Array.isArray(value)) {
-      todo.push(']');
-      for (let i = value.length - 1; i >= 0; i--) todo.push({ value: value[i] }, i > 0 ? ',' : '');
-      todo.push('[');
-    } else if (typeof value === 'object' && value !== null) {
-      // JSON.stringify leaves out the members it cannot write.
-      const entries = Object.entries(value).filter(
-        ([, v]) => v !== undefined && typeof v !== 'function' && typeof v !== 'symbol',
-      );
-      todo.push('}');
-      for (let i = entries.length - 1; i >= 0; i--) {
-        const [name, v] = entries[i]!;
-        todo.push({ value: v }, `${i > 0 ? ',' : ''}${JSON.stringify(name)}:`);
-      }
-      todo.push('{');
-    } else out.push(JSON.stringify(value) ?? 'null');
-  }
-  return out.join('');
 }

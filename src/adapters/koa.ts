@@ -8,11 +8,12 @@ import {
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  parsedBody,
+  type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
 import { checkOptions } from '../core/option-names.js';
 import { ENGINE_OPTION_NAMES } from '../core/options.js';
-import { parsedBytes } from './express.js';
 import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
 import { captureBody } from './payload.js';
 
@@ -111,15 +112,12 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
   };
 }
 
-async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Promise<Uint8Array> {
+async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Promise<RequestBody> {
   const request = ctx.request as Context['request'] & { body?: unknown; rawBody?: string };
   // A body parser ran first: fingerprint the bytes it read, or what it parsed (JSON is
   // canonicalised, so re-serialising is exact).
   if (request.body !== undefined) {
-    const bytes =
-      typeof request.rawBody === 'string' ? Buffer.from(request.rawBody) : parsedBytes(request.body);
-    if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
-    return bytes;
+    return typeof request.rawBody === 'string' ? Buffer.from(request.rawBody) : parsedBody(request.body);
   }
   let body: Buffer;
   try {

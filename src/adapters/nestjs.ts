@@ -12,7 +12,6 @@ import { RESPONSE_PASSTHROUGH_METADATA, ROUTE_ARGS_METADATA } from '@nestjs/comm
 import { RouteParamtypes } from '@nestjs/common/enums/route-paramtypes.enum.js';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { Observable, type Subscriber } from 'rxjs';
-// The parsed-body fingerprint bytes Express's adapter uses (JSON nested past the stack included).
 import { ResponseCollector } from '../core/collector.js';
 import {
   createIdempotency,
@@ -20,11 +19,12 @@ import {
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  parsedBody,
+  type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
 import { checkOptions } from '../core/option-names.js';
 import { ENGINE_OPTION_NAMES } from '../core/options.js';
-import { parsedBytes } from './express.js';
 import {
   BODY_TOO_LARGE,
   capture,
@@ -235,13 +235,11 @@ async function bodyOf(
   req: NestRequest,
   rawReq: IncomingMessage,
   engine: Idempotency<NestRequest, unknown>,
-): Promise<Uint8Array> {
+): Promise<RequestBody> {
   // The platform's parser read the body: fingerprint its bytes (`rawBody: true`) or what it
   // parsed (JSON is canonicalised, so re-serialising is exact).
   if (req.rawBody !== undefined || req.body !== undefined || rawReq.readableEnded) {
-    const bytes = req.rawBody ?? parsedBytes(req.body);
-    if (bytes.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
-    return bytes;
+    return req.rawBody ?? parsedBody(req.body);
   }
   // No parser took this content type: read it, and leave it in `req.body` as a Buffer.
   try {

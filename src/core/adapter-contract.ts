@@ -1,5 +1,6 @@
 import type { ResponseCollector } from './collector.js';
 import type { IdempotencyError } from './errors.js';
+import type { RequestBody } from './fingerprint.js';
 import type { StoredResponse } from './types.js';
 
 // What an adapter and the engine exchange: the request in, the handler's response, the outcome out.
@@ -17,8 +18,11 @@ export interface IncomingRequest<Req = unknown> {
   contentType: string | undefined;
   /** The `Authorization` header, for the default `scope`. */
   authorization: string | undefined;
-  /** Reads the body; called at most once and only for guarded requests. */
-  readBody: () => Uint8Array | Promise<Uint8Array>;
+  /**
+   * Reads the body; called at most once and only for guarded requests. A body a parser already
+   * consumed is handed over as `parsedBody(value)`; the engine answers 413 past `maxBodyBytes`.
+   */
+  readBody: () => RequestBody | Promise<RequestBody>;
   /** The framework's request, handed to `scope`. */
   raw: Req;
 }

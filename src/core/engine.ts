@@ -10,7 +10,7 @@ import { deadlineGuard } from './deadline.js';
 import { engineEvents, waitResultOf } from './engine-events.js';
 import { isIdempotencyError } from './errors.js';
 import { safeListener } from './events.js';
-import { fingerprint } from './fingerprint.js';
+import { fingerprint, type RequestBody } from './fingerprint.js';
 import { parseIdempotencyKey } from './key.js';
 import type { IdempotencyOptions } from './options.js';
 import { resolveOptions } from './resolve-options.js';
@@ -96,13 +96,17 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     }
     if (!parsed.ok) return rejected(keyInvalid(parsed.reason), 'key_invalid');
     const { key } = parsed;
-    let body: Uint8Array;
+    let body: RequestBody;
     try {
       const read = request.readBody();
-      body = read instanceof Uint8Array ? read : await read;
+      body = read instanceof Promise ? await read : read;
     } catch (error) {
       if (isIdempotencyError(error)) return { kind: 'rejected', error };
       throw error;
+    }
+    // A parser in front may allow more than we do: what it read is held to our limit too.
+    if ((body instanceof Uint8Array ? body : body.nonJson).byteLength > maxBodyBytes) {
+      return rejected(bodyTooLarge(config), 'body_too_large');
     }
     const scoped = scopeOf(request);
     const claim: ClaimInput = {

@@ -8,7 +8,21 @@ export interface FingerprintInput {
   /** The request target as the client sent it: path and query, or absolute-form (`http://host/path`). */
   path: string;
   contentType: string | undefined;
-  body: Uint8Array;
+  body: RequestBody;
+}
+
+/**
+ * A request body as an adapter hands it over: its bytes, or for a body a parser already turned into
+ * a value, what {@link parsedBody} writes of that value.
+ */
+export type RequestBody = Uint8Array | NonJsonBody;
+
+/**
+ * The text {@link parsedBody} wrote for a parsed value that JSON cannot write (`Infinity`, `NaN`,
+ * an `undefined` array item): hashed in a domain of its own.
+ */
+export interface NonJsonBody {
+  readonly nonJson: Uint8Array;
 }
 
 /** Maps a parsed JSON body before it is hashed, e.g. to drop a volatile field. */
@@ -34,15 +48,107 @@ const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
  * sha256 over method, path and body. A JSON body is hashed in its RFC 8785 canonical form, so key
  * order and whitespace do not make two equal requests differ; any other body is hashed as bytes,
  * and so is JSON that has no canonical form (`1e400`, a lone surrogate, nesting past 500 levels).
+ * A parsed value JSON cannot write is hashed by {@link parsedBody}'s text, in a third domain.
  */
 export function fingerprint(input: FingerprintInput, mapBody?: FingerprintBody): string {
   const head = `${input.method.toUpperCase()}\n${originForm(input.path)}\n`;
+  const { body } = input;
+  // The byte and non-JSON domains start with a NUL, which no method (an HTTP token) contains, so
+  // neither collides with the canonical one, whatever the path holds.
+  if (!(body instanceof Uint8Array)) {
+    return createHash('sha256').update(`\0parsed\n${head}`).update(body.nonJson).digest('hex');
+  }
   const canonical =
-    input.contentType && JSON_TYPE.test(input.contentType) ? canonicalJson(input.body, mapBody) : undefined;
+    input.contentType && JSON_TYPE.test(input.contentType) ? canonicalJson(body, mapBody) : undefined;
   if (canonical !== undefined) return sha256(`${head}json\n${canonical}`, 'hex');
-  // The byte domain starts with a NUL, which no method (an HTTP token) contains, so a body hashed
-  // as bytes never collides with a canonical one, whatever the path holds.
-  return createHash('sha256').update(`\0bytes\n${head}`).update(input.body).digest('hex');
+  return createHash('sha256').update(`\0bytes\n${head}`).update(body).digest('hex');
+}
+
+/**
+ * What to fingerprint for a body a parser already consumed (`express.json()`, Fastify's and Nest's
+ * parsers, a Koa parser without `rawBody`): the value written back as JSON, which a JSON body then
+ * hashes as the bytes sent would. A value JSON cannot write exactly is written with `Infinity`,
+ * `-Infinity`, `NaN` and `undefined` where JSON.stringify writes `null`, so `{"n":1e400}`, which
+ * JSON.parse reads as Infinity, never shares a fingerprint with `{"n":null}`. Two values the
+ * handler cannot tell apart by `===` share one: `-0` and `0` (RFC 8785 writes both `0`), and a
+ * member holding `undefined` and no member at all.
+ */
+export function parsedBody(value: unknown): RequestBody {
+  if (value === undefined || value === null) return new Uint8Array(0);
+  if (value instanceof Uint8Array) return value;
+  if (typeof value === 'string') return Buffer.from(value, 'utf8');
+  let text: string;
+  try {
+    text = JSON.stringify(value);
+  } catch (error) {
+    // JSON.parse nests without limit but JSON.stringify recurses: a body nested deeper than the
+    // stack is still a request to fingerprint, not a 500.
+    if (!(error instanceof RangeError)) throw error;
+    return written(value);
+  }
+  // JSON.stringify writes every value it cannot write as `null`: without one, the text is exact.
+  if (text.includes('null') && !writesExactly(value)) return written(value);
+  return Buffer.from(text, 'utf8');
+}
+
+/** `false` when the value holds a non-finite number or an `undefined` array item. */
+function writesExactly(root: unknown): boolean {
+  const pending: unknown[] = [root];
+  while (pending.length > 0) {
+    const value = pending.pop();
+    if (typeof value === 'number' && !Number.isFinite(value)) return false;
+    if (typeof value !== 'object' || value === null) continue;
+    if (Array.isArray(value)) {
+      for (const item of value) {
+        if (item === undefined) return false;
+        pending.push(item);
+      }
+    } else for (const item of Object.values(value)) pending.push(item);
+  }
+  return true;
+}
+
+/**
+ * JSON.stringify's text, written with an explicit stack instead of recursion, and with the values
+ * it writes as `null` written as themselves: exact text for an exact value, a {@link NonJsonBody}
+ * otherwise.
+ */
+function written(root: unknown): RequestBody {
+  let exact = true;
+  const out: string[] = [];
+  // Values still to write, and the punctuation between them, in reverse order.
+  const todo: Array<{ value: unknown } | string> = [{ value: root }];
+  for (let next = todo.pop(); next !== undefined; next = todo.pop()) {
+    if (typeof next === 'string') {
+      out.push(next);
+      continue;
+    }
+    let { value } = next;
+    if (typeof (value as { toJSON?: unknown } | null)?.toJSON === 'function') {
+      value = (value as { toJSON(): unknown }).toJSON();
+    }
+    if (Array.isArray(value)) {
+      todo.push(']');
+      for (let i = value.length - 1; i >= 0; i--) todo.push({ value: value[i] }, i > 0 ? ',' : '');
+      todo.push('[');
+    } else if (typeof value === 'object' && value !== null) {
+      // JSON.stringify leaves out the members it cannot write.
+      const entries = Object.entries(value).filter(
+        ([, v]) => v !== undefined && typeof v !== 'function' && typeof v !== 'symbol',
+      );
+      todo.push('}');
+      for (let i = entries.length - 1; i >= 0; i--) {
+        const [name, v] = entries[i]!;
+        todo.push({ value: v }, `${i > 0 ? ',' : ''}${JSON.stringify(name)}:`);
+      }
+      todo.push('{');
+    } else if (value === undefined || (typeof value === 'number' && !Number.isFinite(value))) {
+      exact = false;
+      out.push(String(value));
+    } else out.push(JSON.stringify(value) ?? 'null');
+  }
+  const bytes = Buffer.from(out.join(''), 'utf8');
+  return exact ? bytes : { nonJson: bytes };
 }
 
 /** `http://host/loans?x=1` → `/loans?x=1`; origin-form is kept as sent, since routers see it so. */

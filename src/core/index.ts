@@ -30,7 +30,14 @@ export type {
   WaitedEvent,
 } from './events.js';
 export { eventDetail } from './events.js';
-export { type FingerprintBody, type FingerprintInput, fingerprint } from './fingerprint.js';
+export {
+  type FingerprintBody,
+  type FingerprintInput,
+  fingerprint,
+  type NonJsonBody,
+  parsedBody,
+  type RequestBody,
+} from './fingerprint.js';
 export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
 export { credentialScope } from './scope.js';
 export {
