@@ -74,7 +74,8 @@ const fastifyAdapter: AdapterUnderTest = {
       return answer(reply, planned);
     };
     app.route({ method: ['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], url: '/orders', handler });
-    for (const url of ['/text', '/buffer', '/stream', '/fail', '/slow', '/empty']) app.post(url, handler);
+    for (const url of ['/text', '/buffer', '/stream', '/fail', '/slow', '/empty', '/gzip'])
+      app.post(url, handler);
     return listenFastify(app, calls);
   },
 };

@@ -21,6 +21,7 @@ import {
   type RunningApp,
   sqlite,
 } from './conformance/adapter-suite.js';
+import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 
 type Env = { Variables: IdempotencyVariables };
 
@@ -79,6 +80,7 @@ const honoAdapter: AdapterUnderTest = {
       '/fail',
       '/slow',
       '/empty',
+      '/gzip',
       ...honoAdapter.throwPaths,
     ]) {
       app.post(path, handler);
@@ -116,9 +118,6 @@ describe('hono specifics', () => {
     }),
   );
   // compress() after the middleware: what the middleware captures is already gzip.
-  const catalogPage = {
-    books: Array.from({ length: 100 }, (_, i) => ({ isbn: `K-${i}`, title: `Book ${i}` })),
-  };
   app.use('/compressed', idempotency({ store }), compress());
   app.post('/compressed', (c) => c.json(catalogPage, 201));
   app.post('/validation', () => {
@@ -205,6 +204,31 @@ describe('hono specifics', () => {
     expect(JSON.parse(gunzipSync(replay.bytes).toString())).toEqual(catalogPage);
     expect(JSON.parse(gunzipSync(first.bytes).toString())).toEqual(catalogPage);
   });
+
+  it.each(RETRIES_WITHOUT_GZIP)(
+    'compress() after the middleware: a retry accepting %s gets the replay decoded',
+    async (name, accept) => {
+      const post = (acceptEncoding: string | undefined) =>
+        app.request('/compressed', {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'idempotency-key': `gzip-${name.replaceAll(' ', '-')}`,
+            ...(acceptEncoding === undefined ? {} : { 'accept-encoding': acceptEncoding }),
+          },
+          body: '{}',
+        });
+      const first = await post('gzip');
+      expect(first.headers.get('content-encoding')).toBe('gzip');
+      const replay = await post(accept);
+      expect(replay.status).toBe(201);
+      expect(replay.headers.get('idempotency-replayed')).toBe('true');
+      expect(replay.headers.get('content-encoding')).toBeNull();
+      expect(replay.headers.get('vary')).toBe(first.headers.get('vary'));
+      const bytes = Buffer.from(await replay.arrayBuffer());
+      expect(JSON.parse(bytes.toString())).toEqual(catalogPage);
+    },
+  );
 
   it('an HTTPException the handler throws releases the key, whatever its status', async () => {
     expect((await call('/validation', 'v-1')).status).toBe(422);

@@ -36,6 +36,7 @@ const ROUTES = new Set([
   '/fail',
   '/slow',
   '/empty',
+  '/gzip',
   ...THROW_PATHS,
 ]);
 

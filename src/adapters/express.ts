@@ -81,6 +81,7 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
         path: req.originalUrl,
         keyHeader: keyHeaderOf(req, engine.keyHeader),
         contentType: req.headers['content-type'],
+        acceptEncoding: req.headers['accept-encoding'],
         authorization: req.headers.authorization,
         readBody: () => bodyOf(req, engine),
         raw: req,

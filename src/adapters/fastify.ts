@@ -240,6 +240,7 @@ function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
           path: request.url,
           keyHeader: engine.keyHeader && request.headers[engine.keyHeader],
           contentType: request.headers['content-type'],
+          acceptEncoding: request.headers['accept-encoding'],
           authorization: request.headers.authorization,
           readBody: () => {
             const raw = bodies.get(request);

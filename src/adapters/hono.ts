@@ -60,6 +60,7 @@ export function idempotency<Tx = RegisteredTx>(
           path: pathAndQuery(c.req.url),
           keyHeader: (engine.keyHeader && c.req.raw.headers.get(engine.keyHeader)) ?? undefined,
           contentType: c.req.header('content-type'),
+          acceptEncoding: c.req.header('accept-encoding'),
           authorization: c.req.raw.headers.get('authorization') ?? undefined,
           readBody: () => bodyOf(c, engine),
           raw: c,

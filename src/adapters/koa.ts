@@ -75,6 +75,7 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
         path: ctx.originalUrl,
         keyHeader: keyHeaderOf(ctx.req, engine.keyHeader),
         contentType: ctx.get('content-type') || undefined,
+        acceptEncoding: ctx.headers['accept-encoding'],
         authorization: ctx.headers.authorization,
         readBody: () => bodyOf(ctx, engine),
         raw: ctx,

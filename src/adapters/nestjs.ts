@@ -124,6 +124,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
             path: req.originalUrl ?? req.url,
             keyHeader: keyHeaderOf(rawReq, engine.keyHeader),
             contentType: req.headers['content-type'],
+            acceptEncoding: req.headers['accept-encoding'],
             authorization: req.headers.authorization,
             readBody: () => bodyOf(req, rawReq, engine),
             raw: req,

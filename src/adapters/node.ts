@@ -69,6 +69,7 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
             path: req.url ?? '/',
             keyHeader: keyHeaderOf(req, engine.keyHeader),
             contentType: req.headers['content-type'],
+            acceptEncoding: req.headers['accept-encoding'],
             authorization: req.headers.authorization,
             readBody: () => body,
             raw: req,

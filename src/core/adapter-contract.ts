@@ -16,6 +16,11 @@ export interface IncomingRequest<Req = unknown> {
    */
   keyHeader: string | readonly string[] | undefined;
   contentType: string | undefined;
+  /**
+   * The `Accept-Encoding` header: a replay stored compressed is decoded for a request that does
+   * not accept its coding. Absent or `undefined`: the request sent none, and gets it decoded.
+   */
+  acceptEncoding?: string | undefined;
   /** The `Authorization` header, for the default `scope`. */
   authorization: string | undefined;
   /**

@@ -16,6 +16,7 @@ import type { IdempotencyOptions } from './options.js';
 import { resolveOptions } from './resolve-options.js';
 import {
   bodyTooLarge,
+  forAcceptEncoding,
   inProgress,
   keyInvalid,
   keyMissing,
@@ -82,6 +83,16 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   const runAtomic = atomicRunner<Req, Tx>(config, emit, events);
 
   async function handle(
+    request: IncomingRequest<Req>,
+    run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
+  ): Promise<Outcome> {
+    const outcome = await decide(request, run);
+    // The stored body was encoded for the first request's Accept-Encoding, not this one's.
+    if (outcome.kind !== 'replayed') return outcome;
+    return { kind: 'replayed', response: await forAcceptEncoding(outcome.response, request.acceptEncoding) };
+  }
+
+  async function decide(
     request: IncomingRequest<Req>,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
   ): Promise<Outcome> {

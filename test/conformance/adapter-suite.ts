@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
+import { gzipSync } from 'node:zlib';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/engine.js';
@@ -37,6 +38,8 @@ import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } fro
  * - `POST /fail`: 500 JSON `{"error":"boom"}` on its first call, then as `/orders`.
  * - `POST /slow?ms=M`: waits M ms, then as `/orders`.
  * - `POST /empty`: 204 with header `x-trace: <n>` and no body.
+ * - `POST /gzip`: 200, JSON `{"n":n}` gzip-encoded, with `content-encoding: gzip` and
+ *   `vary: Accept-Encoding`, as a compression middleware inside ours would hand it on.
  * - every path of `throwPaths`: fails on its first call in one of the framework's error idioms
  *   (sync throw, rejected promise, `next(err)`…), then as `/orders`.
  *
@@ -181,6 +184,13 @@ export function plan(
       return { ...order, delayMs: Number(url.searchParams.get('ms') ?? 100) };
     case '/empty':
       return { kind: 'empty', status: 204, headers: { 'x-trace': String(n) } };
+    case '/gzip':
+      return {
+        kind: 'bytes',
+        status: 200,
+        headers: { 'content-type': 'application/json', 'content-encoding': 'gzip', vary: 'Accept-Encoding' },
+        bytes: gzipSync(JSON.stringify({ n })),
+      };
     default:
       return n === 1 ? { kind: 'fail', status: 500, headers: {} } : order;
   }
@@ -563,6 +573,28 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
               }
             }
             expect(app.calls['POST /orders']).toBe(bodies.length);
+          }));
+
+        it('a body stored gzip-encoded: replayed so to a retry that accepts gzip, decoded for one that does not', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            // fetch asks for gzip and deflate, and decodes what it gets.
+            const first = await send(app, 'POST', '/gzip', { key, body: {} });
+            expect(first.headers.get('content-encoding')).toBe('gzip');
+            expect(first.json()).toEqual({ n: 1 });
+            const gzipped = await send(app, 'POST', '/gzip', { key, body: {} });
+            expectReplayOf(gzipped, first);
+            expect(gzipped.headers.get('content-encoding')).toBe('gzip');
+            for (const accept of ['identity', 'br', 'gzip;q=0, deflate']) {
+              const headers = { 'accept-encoding': accept };
+              const plain = await send(app, 'POST', '/gzip', { key, body: {}, headers });
+              expect(plain.headers.get('idempotency-replayed'), accept).toBe('true');
+              expect(plain.headers.get('content-encoding'), accept).toBeNull();
+              expect(plain.headers.get('content-length'), accept).toBe(String(plain.body.byteLength));
+              expect(plain.headers.get('vary'), accept).toBe('Accept-Encoding');
+              expect(plain.json()).toEqual({ n: 1 });
+            }
+            expect(app.calls['POST /gzip']).toBe(1);
           }));
 
         it('a refused request (400, 413, 415, 422, 429) is not saved: the corrected one runs under the same key', () =>

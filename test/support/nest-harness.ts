@@ -170,6 +170,7 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
         fail: route([Post('fail')]),
         slow: route([Post('slow')]),
         empty: route([Post('empty'), HttpCode(204)]),
+        gzip: route([Post('gzip'), HttpCode(200)]),
         throwSync: route([Post('throw')]),
         throwAsync: route([Post('throw-async')]),
         throwObservable: route([Post('throw-observable')]),
