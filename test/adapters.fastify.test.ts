@@ -8,6 +8,7 @@ import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,
+  CATALOG_POST_PATHS,
   describeAdapterConformance,
   memory,
   type Planned,
@@ -74,8 +75,13 @@ const fastifyAdapter: AdapterUnderTest = {
       return answer(reply, planned);
     };
     app.route({ method: ['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], url: '/orders', handler });
-    for (const url of ['/text', '/buffer', '/stream', '/fail', '/slow', '/empty', '/gzip'])
-      app.post(url, handler);
+    // Fastify parses only JSON and text itself: a form parser is the app's to add.
+    app.addContentTypeParser(
+      'application/x-www-form-urlencoded',
+      { parseAs: 'string' },
+      (_request, body, done) => done(null, Object.fromEntries(new URLSearchParams(body as string))),
+    );
+    for (const url of CATALOG_POST_PATHS) app.post(url, handler);
     return listenFastify(app, calls);
   },
 };

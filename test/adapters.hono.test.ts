@@ -13,6 +13,7 @@ import { isIdempotencyError } from '../src/core/errors.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,
+  CATALOG_POST_PATHS,
   describeAdapterConformance,
   listen,
   memory,
@@ -73,16 +74,7 @@ const honoAdapter: AdapterUnderTest = {
       }
     };
     app.on(['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], '/orders', handler);
-    for (const path of [
-      '/text',
-      '/buffer',
-      '/stream',
-      '/fail',
-      '/slow',
-      '/empty',
-      '/gzip',
-      ...honoAdapter.throwPaths,
-    ]) {
+    for (const path of [...CATALOG_POST_PATHS, ...honoAdapter.throwPaths]) {
       app.post(path, handler);
     }
     return serveHono(app, calls);

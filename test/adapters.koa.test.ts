@@ -11,6 +11,7 @@ import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,
+  CATALOG_POST_PATHS,
   describeAdapterConformance,
   listen,
   memory,
@@ -28,26 +29,18 @@ const Koa2 = createRequire(import.meta.url)('koa2') as typeof Koa3;
 type Koa = typeof Koa3;
 
 const THROW_PATHS = ['/throw', '/throw-async', '/ctx-throw'];
-const ROUTES = new Set([
-  '/orders',
-  '/text',
-  '/buffer',
-  '/stream',
-  '/fail',
-  '/slow',
-  '/empty',
-  '/gzip',
-  ...THROW_PATHS,
-]);
+const ROUTES = new Set(['/orders', ...CATALOG_POST_PATHS, '/parser-after', ...THROW_PATHS]);
 
 /**
  * `parser`: mount `@koa/bodyparser` before the middleware (fingerprint from its rawBody) or
- * nothing (the middleware reads the body into `ctx.request.body`).
+ * nothing (the middleware reads the body into `ctx.request.body`, and `/parser-after` mounts
+ * `@koa/bodyparser` after it).
  */
 function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
   return {
     name,
     throwPaths: THROW_PATHS,
+    bodyParsers: parser ? 'before' : 'after',
     async start({ scopeByAuthorization, ...options }) {
       const calls: Record<string, number> = {};
       const app = new Koa();
@@ -61,6 +54,10 @@ function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
           ...(scopeByAuthorization ? { scope: (ctx) => ctx.get('authorization') } : {}),
         }),
       );
+      if (!parser) {
+        const later = bodyParser();
+        app.use((ctx, next) => (ctx.path === '/parser-after' ? later(ctx, next) : next()));
+      }
       app.use(async (ctx: Context) => {
         if (!ROUTES.has(ctx.path)) return;
         const url = new URL(ctx.originalUrl, 'http://x');
@@ -119,17 +116,11 @@ describe('koa specifics', () => {
     await store.close();
   });
 
-  async function post(
-    app: RunningApp,
-    path: string,
-    key?: string,
-    body = '{"a":1}',
-    type = 'application/json',
-  ) {
+  async function post(app: RunningApp, path: string, key?: string) {
     const res = await fetch(app.url + path, {
       method: 'POST',
-      headers: { 'content-type': type, ...(key ? { 'idempotency-key': key } : {}) },
-      body,
+      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
+      body: '{"a":1}',
     });
     return { status: res.status, headers: res.headers, text: await res.text() };
   }
@@ -166,9 +157,6 @@ describe('koa specifics', () => {
             (ctx) => ctx.throw(422, 'bad isbn'),
           ],
           '/ctx-throw-4xx': [idempotency({ store }), (ctx) => ctx.throw(409, 'on loan')],
-          // The middleware first, a parser after it: the parser must skip the consumed stream.
-          '/raw-then-parser': [idempotency({ store }), bodyParser(), echo],
-          '/form': [bodyParser(), idempotency({ store }), echo],
           '/thrown-errors': [
             async (ctx, next) => {
               try {
@@ -235,23 +223,6 @@ describe('koa specifics', () => {
         const retry = await post(app, '/ctx-throw-4xx', `throw-${version}`);
         expect(retry.status).toBe(409);
         expect(retry.headers.get('idempotency-replayed')).toBeNull();
-      });
-
-      it('a parser mounted after the middleware skips the body it read, and the handler gets a Buffer', async () => {
-        const first = await post(app, '/raw-then-parser', `raw-${version}`);
-        expect(first.status).toBe(201);
-        expect(JSON.parse(first.text).body).toBe('buffer:{"a":1}');
-        const replay = await post(app, '/raw-then-parser', `raw-${version}`);
-        expect(replay.headers.get('idempotency-replayed')).toBe('true');
-        expect(replay.text).toBe(first.text);
-      });
-
-      it('a form body parsed before the middleware: same form replays, another form conflicts', async () => {
-        const form = 'application/x-www-form-urlencoded';
-        const first = await post(app, '/form', `form-${version}`, 'isbn=1&member=2', form);
-        expect(JSON.parse(first.text).body).toEqual({ isbn: '1', member: '2' });
-        expect((await post(app, '/form', `form-${version}`, 'isbn=1&member=2', form)).text).toBe(first.text);
-        expect((await post(app, '/form', `form-${version}`, 'isbn=9&member=2', form)).status).toBe(409);
       });
 
       it('renderErrors: false throws the IdempotencyError upstream (and Koa answers it by its status)', async () => {

@@ -40,15 +40,39 @@ import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } fro
  * - `POST /empty`: 204 with header `x-trace: <n>` and no body.
  * - `POST /gzip`: 200, JSON `{"n":n}` gzip-encoded, with `content-encoding: gzip` and
  *   `vary: Accept-Encoding`, as a compression middleware inside ours would hand it on.
+ * - `POST /form`: a form-encoded body, parsed the framework's way (see `bodyParsers`): 201, JSON
+ *   `{"n":n,"form":<its fields>,"parsedByFramework":<the handler got a value, not bytes>}`.
+ * - `POST /parser-after`, with `bodyParsers: 'after'` only: the framework's JSON parser mounted
+ *   after the middleware; 201, JSON `{"n":n,"received":"buffer:<body>"}` for the Buffer the
+ *   middleware left (anything else as received).
  * - every path of `throwPaths`: fails on its first call in one of the framework's error idioms
  *   (sync throw, rejected promise, `next(err)`…), then as `/orders`.
  *
  * Keys are random per test, so one store serves a whole describe block. Timing: nothing asserts
  * how long anything took; ordering is established by polling the handler's call count.
  */
+/** The catalog's POST-only paths (besides `/parser-after`, served with `bodyParsers: 'after'` only). */
+export const CATALOG_POST_PATHS = [
+  '/text',
+  '/buffer',
+  '/stream',
+  '/fail',
+  '/slow',
+  '/empty',
+  '/gzip',
+  '/form',
+];
+
 export interface AdapterUnderTest {
   name: string;
   throwPaths: readonly string[];
+  /**
+   * Where the app's body parsers sit. `'before'`: JSON and form parsers run before the middleware,
+   * which fingerprints what they parsed. `'after'`: none runs before it, so the middleware reads
+   * the body itself, and the app serves `POST /parser-after`. Omitted: the framework parses when
+   * the handler asks, after the middleware read the bytes (node:http, Hono, Fastify).
+   */
+  bodyParsers?: 'before' | 'after';
   start(options: AppOptions): Promise<RunningApp>;
 }
 
@@ -119,6 +143,12 @@ export function parsedJson(body: unknown): unknown {
   }
 }
 
+/** The body as text when the handler got bytes or a string; `undefined` for a parsed value. */
+function textOf(body: unknown): string | undefined {
+  if (typeof body === 'string') return body;
+  return body instanceof Uint8Array ? Buffer.from(body).toString() : undefined;
+}
+
 export const STREAM_CHUNK_BYTES = 1024;
 
 /**
@@ -184,6 +214,21 @@ export function plan(
       return { ...order, delayMs: Number(url.searchParams.get('ms') ?? 100) };
     case '/empty':
       return { kind: 'empty', status: 204, headers: { 'x-trace': String(n) } };
+    case '/form': {
+      const text = textOf(received);
+      const form =
+        text === undefined ? { ...(received as object) } : Object.fromEntries(new URLSearchParams(text));
+      return {
+        kind: 'json',
+        status: 201,
+        headers: {},
+        json: { n, form, parsedByFramework: text === undefined },
+      };
+    }
+    case '/parser-after': {
+      const text = received instanceof Uint8Array ? `buffer:${textOf(received)}` : received;
+      return { kind: 'json', status: 201, headers: {}, json: { n, received: text } };
+    }
     case '/gzip':
       return {
         kind: 'bytes',
@@ -596,6 +641,37 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             }
             expect(app.calls['POST /gzip']).toBe(1);
           }));
+
+        it('a form body: the same form replays, another form under the same key gets 409', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const headers = { 'content-type': 'application/x-www-form-urlencoded' };
+            const first = await send(app, 'POST', '/form', { key, body: 'isbn=1&member=2', headers });
+            expect(first.status).toBe(201);
+            expect(first.json()).toMatchObject({ n: 1, form: { isbn: '1', member: '2' } });
+            if (adapter.bodyParsers === 'before') expect(first.json().parsedByFramework).toBe(true);
+            expectReplayOf(
+              await send(app, 'POST', '/form', { key, body: 'isbn=1&member=2', headers }),
+              first,
+            );
+            expectError(
+              await send(app, 'POST', '/form', { key, body: 'isbn=9&member=2', headers }),
+              409,
+              'key_conflict',
+            );
+            expect(app.calls['POST /form']).toBe(1);
+          }));
+
+        if (adapter.bodyParsers === 'after')
+          it('a parser mounted after the middleware skips the body it read, and the handler gets a Buffer', () =>
+            withApp({}, async (app) => {
+              const key = newKey();
+              const first = await send(app, 'POST', '/parser-after', { key, body: { a: 1 } });
+              expect(first.status).toBe(201);
+              expect(first.json()).toEqual({ n: 1, received: 'buffer:{"a":1}' });
+              expectReplayOf(await send(app, 'POST', '/parser-after', { key, body: { a: 1 } }), first);
+              expect(app.calls['POST /parser-after']).toBe(1);
+            }));
 
         it('a refused request (400, 413, 415, 422, 429) is not saved: the corrected one runs under the same key', () =>
           withApp({}, async (app) => {

@@ -68,7 +68,11 @@ export async function startNest(platform: Platform, metadata: ModuleMetadata): P
     // abortOnError: false: a failed start throws instead of aborting the test worker.
     { logger: false, forceCloseConnections: true, abortOnError: false, bodyParser: platform === 'fastify' },
   );
-  if (platform === 'express') (app as NestExpressApplication).useBodyParser('json', { limit: BODY_LIMIT });
+  if (platform === 'express') {
+    (app as NestExpressApplication)
+      .useBodyParser('json', { limit: BODY_LIMIT })
+      .useBodyParser('urlencoded', { extended: false });
+  }
   await app.listen(0, '127.0.0.1');
   return app;
 }
@@ -117,6 +121,7 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
   return {
     name,
     throwPaths: THROW_PATHS,
+    bodyParsers: 'before',
     async start({ scopeByAuthorization, ...options }) {
       const calls: Record<string, number> = {};
       const serve = async (req: NestRequest, res: PlatformReply, idem: IdempotencyContext | undefined) => {
@@ -171,6 +176,7 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
         slow: route([Post('slow')]),
         empty: route([Post('empty'), HttpCode(204)]),
         gzip: route([Post('gzip'), HttpCode(200)]),
+        form: route([Post('form')]),
         throwSync: route([Post('throw')]),
         throwAsync: route([Post('throw-async')]),
         throwObservable: route([Post('throw-observable')]),
