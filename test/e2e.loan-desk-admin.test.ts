@@ -79,8 +79,10 @@ describe('loan desk pages and admin API (loopback, no ADMIN_TOKEN)', () => {
     expect(page.headers.get('content-type')).toMatch(/^text\/html/);
     expect(await page.text()).toContain('Issue loan');
     expect(await (await fetch(`${local()}/keys`)).text()).toContain('Key store');
-    const script = await fetch(`${local()}/pages/desk.js`);
-    expect(script.headers.get('content-type')).toMatch(/^text\/javascript/);
+    for (const module of ['desk.js', 'keys.js', 'dom.js']) {
+      const script = await fetch(`${local()}/pages/${module}`);
+      expect(script.headers.get('content-type'), module).toMatch(/^text\/javascript/);
+    }
     const client = await fetch(`${local()}/retrysafe/client/index.js`);
     expect(client.status).toBe(200);
     expect(await client.text()).toContain('createRetryingFetch');

@@ -2,6 +2,7 @@
 // localStorage before anything is sent, every retry carries that key, and the intent leaves
 // storage only once the desk has answered it, so neither a lost answer nor a reload lends twice.
 import { createRetryingFetch, isRetryBudgetExceededError } from 'retrysafe/client';
+import { cell, say } from './dom.js';
 
 const PENDING = 'loan-desk:pending-intent';
 /** Marks an attempt whose answer the desk should lose (honoured only with DEMO_FAULTS=1). */
@@ -12,7 +13,6 @@ const memberSelect = document.getElementById('member');
 const bookSelect = document.getElementById('book');
 const dateInput = document.getElementById('issued-at');
 const button = document.getElementById('issue');
-const status = document.getElementById('status');
 const attempts = document.getElementById('attempts');
 const lossy = document.getElementById('lossy');
 const loansBody = document.querySelector('#loans tbody');
@@ -25,11 +25,6 @@ function today() {
   const now = new Date();
   const pad = (n) => String(n).padStart(2, '0');
   return `${now.getFullYear()}-${pad(now.getMonth() + 1)}-${pad(now.getDate())}`;
-}
-
-function say(text, tone = '') {
-  status.textContent = text;
-  status.className = tone;
 }
 
 async function getJson(path) {
@@ -53,12 +48,6 @@ function lockTo(intent) {
   memberSelect.value = intent.body.member;
   bookSelect.value = intent.body.isbn;
   dateInput.value = intent.body.issuedAt;
-}
-
-function cell(text) {
-  const td = document.createElement('td');
-  td.textContent = text;
-  return td;
 }
 
 async function refreshLoans() {

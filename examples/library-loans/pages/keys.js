@@ -1,11 +1,12 @@
 // The key-store inspector: pages through GET /admin/keys and deletes one key with DELETE.
+import { cell, say } from './dom.js';
+
 const TOKEN = 'loan-desk:admin-token';
 
 const filter = document.getElementById('filter');
 const refresh = document.getElementById('refresh');
 const tokenForm = document.getElementById('token-form');
 const tokenInput = document.getElementById('token');
-const status = document.getElementById('status');
 const body = document.querySelector('#keys tbody');
 const more = document.getElementById('more');
 
@@ -13,11 +14,6 @@ let records = [];
 let next = null;
 // The desk's clock minus ours, so "expires in" and "lease left" do not depend on this machine's.
 let skewMs = 0;
-
-function say(text, tone = '') {
-  status.textContent = text;
-  status.className = tone;
-}
 
 function admin(path, init = {}) {
   const token = sessionStorage.getItem(TOKEN);
@@ -43,14 +39,6 @@ function duration(ms) {
   if (minutes < 60) return `${minutes} min ${seconds % 60} s`;
   const hours = Math.floor(minutes / 60);
   return hours < 48 ? `${hours} h ${minutes % 60} min` : `${Math.floor(hours / 24)} d ${hours % 24} h`;
-}
-
-function cell(text, { className, title } = {}) {
-  const td = document.createElement('td');
-  td.textContent = text;
-  if (className) td.className = className;
-  if (title) td.title = title;
-  return td;
 }
 
 function render() {
