@@ -2,7 +2,7 @@ import type { Outcome } from './adapter-contract.js';
 import { ErrorCode, type IdempotencyError } from './errors.js';
 import type { IdempotencyEventListener, RejectedEvent, StoreErrorEvent, WaitedEvent } from './events.js';
 import type { ResolvedOptions } from './resolve-options.js';
-import { conflict, replayUnreadable, toReplay } from './responses.js';
+import { conflict, forAcceptEncoding, replayUnreadable, toReplay } from './responses.js';
 import type { ClaimInput, StoredResponse } from './types.js';
 
 /** How a wait ended, from the outcome of the atomic call that ended it. */
@@ -40,7 +40,13 @@ export function engineEvents<Req>(config: ResolvedOptions<Req>, emit: Idempotenc
     return undefined;
   }
 
-  function replayOrError(stored: StoredResponse, claim: ClaimInput, storeMs: number): Outcome {
+  /** The replay of `stored`, decoded when the retry does not accept the coding it was stored in. */
+  function replayOrError(
+    stored: StoredResponse,
+    claim: ClaimInput,
+    storeMs: number,
+    acceptEncoding: string | undefined,
+  ): Outcome | Promise<Outcome> {
     let response: StoredResponse;
     try {
       response = toReplay(config, stored);
@@ -49,7 +55,12 @@ export function engineEvents<Req>(config: ResolvedOptions<Req>, emit: Idempotenc
     }
     if (emit)
       emit({ type: 'replayed', key: claim.key, scope: claim.scope, status: response.status, storeMs });
-    return { kind: 'replayed', response };
+    // Only a compressed body can need this, so the common replay stays synchronous.
+    if (response.headers['content-encoding'] === undefined) return { kind: 'replayed', response };
+    return forAcceptEncoding(response, acceptEncoding).then((decoded) => ({
+      kind: 'replayed',
+      response: decoded,
+    }));
   }
 
   function conflictOf(claim: ClaimInput, storeMs: number): Outcome {

@@ -16,7 +16,6 @@ import type { IdempotencyOptions } from './options.js';
 import { resolveOptions } from './resolve-options.js';
 import {
   bodyTooLarge,
-  forAcceptEncoding,
   inProgress,
   keyInvalid,
   keyMissing,
@@ -86,16 +85,6 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     request: IncomingRequest<Req>,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
   ): Promise<Outcome> {
-    const outcome = await decide(request, run);
-    // The stored body was encoded for the first request's Accept-Encoding, not this one's.
-    if (outcome.kind !== 'replayed') return outcome;
-    return { kind: 'replayed', response: await forAcceptEncoding(outcome.response, request.acceptEncoding) };
-  }
-
-  async function decide(
-    request: IncomingRequest<Req>,
-    run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
-  ): Promise<Outcome> {
     if (!methods.has(request.method.toUpperCase())) return PASS;
     const parsed = parseIdempotencyKey(
       keyOf === undefined ? request.keyHeader : await keyOf(request.raw),
@@ -142,7 +131,11 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         // In atomic mode a duplicate's claim waits on the original's open transaction: within `wait`.
         let outcome: Awaited<ReturnType<typeof runAtomic>>;
         try {
-          outcome = await runAtomic({ ...claim, waitMs: Math.max(0, deadline - Date.now()) }, run);
+          outcome = await runAtomic(
+            { ...claim, waitMs: Math.max(0, deadline - Date.now()) },
+            run,
+            request.acceptEncoding,
+          );
         } catch (error) {
           waited(claim, waitingSinceMs, 'acquired');
           throw error;
@@ -176,10 +169,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         switch (result.outcome) {
           case 'acquired':
             waited(claim, waitingSinceMs, 'acquired');
-            return runLeased(claim, result.token, run, storeMs, claimedMs);
+            return runLeased(claim, result.token, run, storeMs, claimedMs, request.acceptEncoding);
           case 'replay':
             waited(claim, waitingSinceMs, 'replayed');
-            return replayOrError(result.response, claim, storeMs);
+            return replayOrError(result.response, claim, storeMs, request.acceptEncoding);
           case 'mismatch':
             waited(claim, waitingSinceMs, 'conflict');
             return conflictOf(claim, storeMs);

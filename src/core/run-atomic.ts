@@ -21,6 +21,7 @@ export function atomicRunner<Req, Tx>(
   async function runAtomic(
     claim: ClaimInput,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
+    acceptEncoding: string | undefined,
   ): Promise<Outcome | { kind: 'in_progress'; retryAfterMs: number }> {
     let handlerFailed = false;
     let handlerError: unknown;
@@ -65,7 +66,7 @@ export function atomicRunner<Req, Tx>(
           return { kind: 'executed', response: captured! };
         }
         case 'replay':
-          return replayOrError(result.response, claim, emit ? storeMs() : 0);
+          return replayOrError(result.response, claim, emit ? storeMs() : 0, acceptEncoding);
         case 'mismatch':
           return conflictOf(claim, emit ? storeMs() : 0);
         case 'in_progress':

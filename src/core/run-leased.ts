@@ -51,6 +51,7 @@ export function leasedRunner<Req, Tx>(
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
     storeMs: number,
     startMs: number,
+    acceptEncoding: string | undefined,
   ): Promise<Outcome> {
     const lease = leases.hold(claim.scope, claim.key, token);
     let response: CapturedResponse;
@@ -83,7 +84,7 @@ export function leasedRunner<Req, Tx>(
         saved = storeFailed('complete', claim, error);
       }
       if (emit) storeMs += performance.now() - startMs - handlerMs;
-      if (saved === false) return answerLate(claim, response, stored, handlerMs, storeMs);
+      if (saved === false) return answerLate(claim, response, stored, handlerMs, storeMs, acceptEncoding);
       if (emit) {
         const { status } = response;
         emit({ type: 'executed', key: claim.key, scope: claim.scope, status, handlerMs, storeMs });
@@ -107,6 +108,7 @@ export function leasedRunner<Req, Tx>(
     stored: StoredResponse,
     handlerMs: number,
     storeMs: number,
+    acceptEncoding: string | undefined,
   ): Promise<Outcome> {
     // Another request took the key over while the handler ran: the work may have run twice.
     if (emit) emit({ type: 'fenced', key: claim.key, scope: claim.scope, step: 'complete' });
@@ -122,7 +124,7 @@ export function leasedRunner<Req, Tx>(
     if (emit) storeMs += performance.now() - startMs;
     switch (result.outcome) {
       case 'replay':
-        return replayOrError(result.response, claim, storeMs);
+        return replayOrError(result.response, claim, storeMs, acceptEncoding);
       case 'mismatch':
         return conflictOf(claim, storeMs);
       case 'in_progress':
