@@ -8,6 +8,7 @@ import {
   type IdempotencyOptions,
   type IdempotencyStore,
   type IncomingRequest,
+  type StoredResponse,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
@@ -319,15 +320,30 @@ describe('onEvent', () => {
     }
   });
 
-  it('without a listener, reads no clock beyond what the engine always did', async () => {
-    const now = vi.spyOn(performance, 'now');
-    const quiet = createIdempotency({ store: memoryStore() });
-    await quiet.handle(request('k'), answer());
-    await quiet.handle(request('k'), answer());
-    expect(now).not.toHaveBeenCalled();
-    const { idem } = engine();
-    await idem.handle(request('k'), answer());
-    expect(now).toHaveBeenCalled();
+  it('times events with the clock reads its timeouts and leases make anyway', async () => {
+    const saved = new Map<string, StoredResponse>();
+    // Claims and saves read no clock, so every read counted is the engine's.
+    const store = withStore({
+      claim: async ({ key }) => {
+        const response = saved.get(key);
+        return response ? { outcome: 'replay', response } : { outcome: 'acquired', token: 't' };
+      },
+      complete: async (_scope, key, _token, response) => saved.set(key, response) !== undefined,
+    });
+    const clocks = [vi.spyOn(performance, 'now'), vi.spyOn(Date, 'now')];
+    const reads = async (idem: ReturnType<typeof createIdempotency>, key: string) => {
+      for (const clock of clocks) clock.mockClear();
+      await idem.handle(request(key), answer());
+      return clocks.reduce((sum, clock) => sum + clock.mock.calls.length, 0);
+    };
+    const quiet = createIdempotency({ store });
+    const heard = createIdempotency({ store, onEvent: () => undefined });
+    // The claim's timeout and the wait deadline share a read; the lease and the save's timeout one each.
+    expect(await reads(quiet, 'a')).toBe(3);
+    // The listener's timings take one more: when the save answered.
+    expect(await reads(heard, 'b')).toBe(4);
+    expect(await reads(quiet, 'a')).toBe(2);
+    expect(await reads(heard, 'b')).toBe(2);
   });
 
   it('refuses an onEvent that is not a function', () => {

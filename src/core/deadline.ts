@@ -3,12 +3,14 @@ import { RetrysafeError } from './errors.js';
 /**
  * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending
  * call (armed only while calls are pending): a timer per store call cost more than the call itself.
+ * Times are on `performance.now()`'s clock; the caller passes when the call was made, as it has
+ * usually just read the clock to time the call (a read costs as much as the rest of `guard`).
  */
 export function deadlineGuard(timeoutMs: number, message: string) {
   const pending = new Set<{ deadlineMs: number; reject: (error: Error) => void }>();
   let sweeper: NodeJS.Timeout | undefined;
   const sweep = () => {
-    const now = Date.now();
+    const now = performance.now();
     for (const call of pending) {
       if (call.deadlineMs <= now) {
         pending.delete(call);
@@ -20,9 +22,9 @@ export function deadlineGuard(timeoutMs: number, message: string) {
       sweeper = undefined;
     }
   };
-  return function guard<T>(promise: Promise<T>): Promise<T> {
+  return function guard<T>(promise: Promise<T>, calledMs: number): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const call = { deadlineMs: Date.now() + timeoutMs, reject };
+      const call = { deadlineMs: calledMs + timeoutMs, reject };
       pending.add(call);
       if (!sweeper) {
         sweeper = setInterval(sweep, Math.max(1, Math.min(100, Math.floor(timeoutMs / 4))));

@@ -67,7 +67,8 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     storedHeaderNames,
   } = config;
   const overflow = mode === 'lease' ? 'stream' : 'drop';
-  // Every use is behind `if (emit)`: without a listener no event is built and no clock is read.
+  // Every use is behind `if (emit)`: without a listener no event is built and the clock is read
+  // only where a timeout or a lease needs it.
   const emit = config.onEvent && safeListener(config.onEvent);
 
   const events = engineEvents(config, emit);
@@ -121,7 +122,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       timeoutMs: storeTimeoutMs,
     };
 
-    const deadline = Date.now() + (concurrency === 'wait' ? waitMs : 0);
+    // When this attempt at the key began: one clock read serves the deadline, the claim's timeout
+    // and its timing.
+    let attemptMs = performance.now();
+    const deadline = attemptMs + (concurrency === 'wait' ? waitMs : 0);
     // Time in claims (lease mode), and since the key was first found in progress.
     let storeMs = 0;
     let waitingSinceMs: number | undefined;
@@ -132,9 +136,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         let outcome: Awaited<ReturnType<typeof runAtomic>>;
         try {
           outcome = await runAtomic(
-            { ...claim, waitMs: Math.max(0, deadline - Date.now()) },
+            { ...claim, waitMs: Math.max(0, deadline - attemptMs) },
             run,
             request.acceptEncoding,
+            attemptMs,
           );
         } catch (error) {
           waited(claim, waitingSinceMs, 'acquired');
@@ -146,11 +151,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         }
         retryAfterMs = outcome.retryAfterMs;
       } else {
-        const startMs = emit ? performance.now() : 0;
         let result: Awaited<ReturnType<IdempotencyStore['claim']>>;
         const claiming = store.claim(claim);
         try {
-          result = await guard(claiming);
+          result = await guard(claiming, attemptMs);
         } catch (error) {
           storeFailed('claim', claim, error);
           waited(claim, waitingSinceMs, 'store_error');
@@ -164,8 +168,8 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
             .catch(() => undefined);
           return { kind: 'rejected', error: storeDown(error, key) };
         }
-        const claimedMs = emit ? performance.now() : 0;
-        storeMs += claimedMs - startMs;
+        const claimedMs = performance.now();
+        storeMs += claimedMs - attemptMs;
         switch (result.outcome) {
           case 'acquired':
             waited(claim, waitingSinceMs, 'acquired');
@@ -179,8 +183,9 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         }
         retryAfterMs = result.retryAfterMs;
       }
-      if (emit) waitingSinceMs ??= performance.now();
-      const remainingMs = deadline - Date.now();
+      const nowMs = performance.now();
+      if (emit) waitingSinceMs ??= nowMs;
+      const remainingMs = deadline - nowMs;
       if (remainingMs <= 0) {
         waited(claim, waitingSinceMs, 'in_progress');
         return { kind: 'rejected', error: inProgress(key, retryAfterMs) };
@@ -192,6 +197,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         waited(claim, waitingSinceMs, 'store_error');
         return { kind: 'rejected', error: storeDown(error, key) };
       }
+      attemptMs = performance.now();
     }
   }
 

@@ -15,6 +15,8 @@ interface HeldLease {
  * every third of its length, whether or not the previous renewal has answered, so a renewal lost
  * or stuck on a slow store is followed by another before the lease runs out. A renewal answered
  * `false` means the lease was lost (another request took the key over): it is renewed no more.
+ * Times are on `performance.now()`'s clock; `hold` takes the time the lease was claimed, which
+ * the engine has just read.
  */
 export function leaseKeeper(
   store: IdempotencyStore,
@@ -25,7 +27,7 @@ export function leaseKeeper(
   const held = new Set<HeldLease>();
   let ticker: NodeJS.Timeout | undefined;
   const tick = () => {
-    const now = Date.now();
+    const now = performance.now();
     for (const lease of held) {
       if (lease.renewAtMs > now) continue;
       lease.renewAtMs = now + renewEveryMs;
@@ -50,8 +52,8 @@ export function leaseKeeper(
     }
   };
   return {
-    hold(scope: string, key: string, token: string): HeldLease {
-      const lease = { scope, key, token, renewAtMs: Date.now() + renewEveryMs };
+    hold(scope: string, key: string, token: string, claimedMs: number): HeldLease {
+      const lease = { scope, key, token, renewAtMs: claimedMs + renewEveryMs };
       held.add(lease);
       if (!ticker) {
         ticker = setInterval(tick, Math.max(1, Math.floor(renewEveryMs / 4)));

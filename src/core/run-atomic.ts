@@ -22,11 +22,11 @@ export function atomicRunner<Req, Tx>(
     claim: ClaimInput,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
     acceptEncoding: string | undefined,
+    startMs: number,
   ): Promise<Outcome | { kind: 'in_progress'; retryAfterMs: number }> {
     let handlerFailed = false;
     let handlerError: unknown;
     let captured: CapturedResponse | undefined;
-    const startMs = emit ? performance.now() : 0;
     let handlerMs = 0;
     // The store's share of the call: everything but the handler (claim, save, commit).
     const storeMs = () => performance.now() - startMs - handlerMs;

@@ -31,10 +31,10 @@ export function leasedRunner<Req, Tx>(
     handlerMs: number,
     storeMs: number,
   ): Promise<void> {
-    const startMs = emit ? performance.now() : 0;
+    const startMs = performance.now();
     let released: boolean | undefined;
     try {
-      released = await guard(store.release(claim.scope, claim.key, token));
+      released = await guard(store.release(claim.scope, claim.key, token), startMs);
     } catch (error) {
       storeFailed('release', claim, error);
     }
@@ -53,7 +53,7 @@ export function leasedRunner<Req, Tx>(
     startMs: number,
     acceptEncoding: string | undefined,
   ): Promise<Outcome> {
-    const lease = leases.hold(claim.scope, claim.key, token);
+    const lease = leases.hold(claim.scope, claim.key, token, startMs);
     let response: CapturedResponse;
     try {
       response = await run(handlerContext<Tx>(claim, undefined));
@@ -72,18 +72,19 @@ export function leasedRunner<Req, Tx>(
       throw error;
     }
     leases.drop(lease);
-    const handlerMs = emit ? performance.now() - startMs : 0;
+    const handlerEndMs = performance.now();
+    const handlerMs = handlerEndMs - startMs;
     if (response.complete && storeStatus(response.status)) {
       const stored = toStored(config, response);
       // A failed save leaves the record in progress until its lease passes: retries wait or get
       // 409 rather than running the work a second time while this response is on its way.
       let saved: boolean | undefined;
       try {
-        saved = await guard(store.complete(claim.scope, claim.key, token, stored));
+        saved = await guard(store.complete(claim.scope, claim.key, token, stored), handlerEndMs);
       } catch (error) {
         saved = storeFailed('complete', claim, error);
       }
-      if (emit) storeMs += performance.now() - startMs - handlerMs;
+      if (emit) storeMs += performance.now() - handlerEndMs;
       if (saved === false) return answerLate(claim, response, stored, handlerMs, storeMs, acceptEncoding);
       if (emit) {
         const { status } = response;
@@ -112,11 +113,11 @@ export function leasedRunner<Req, Tx>(
   ): Promise<Outcome> {
     // Another request took the key over while the handler ran: the work may have run twice.
     if (emit) emit({ type: 'fenced', key: claim.key, scope: claim.scope, step: 'complete' });
-    const startMs = emit ? performance.now() : 0;
+    const startMs = performance.now();
     const busy = (): Outcome => ({ kind: 'rejected', error: inProgress(claim.key, leaseMs) });
     let result: ClaimResult;
     try {
-      result = await guard(store.claim(claim));
+      result = await guard(store.claim(claim), startMs);
     } catch (error) {
       storeFailed('claim', claim, error);
       return busy();
@@ -132,9 +133,10 @@ export function leasedRunner<Req, Tx>(
       case 'acquired': {
         // Nothing was saved (the request that took over failed, or retention passed): this
         // response is what the work produced, so it is saved now and then sent.
-        const saved = await guard(store.complete(claim.scope, claim.key, result.token, stored)).catch(
-          (error) => storeFailed('complete', claim, error) ?? false,
-        );
+        const saved = await guard(
+          store.complete(claim.scope, claim.key, result.token, stored),
+          performance.now(),
+        ).catch((error) => storeFailed('complete', claim, error) ?? false);
         if (!saved) return busy();
         if (emit) {
           storeMs += performance.now() - startMs;
