@@ -1,5 +1,5 @@
 import { type Attributes, type MeterProvider, metrics, trace } from '@opentelemetry/api';
-import { eventDetail, type IdempotencyEvent, type IdempotencyEventListener } from '../core/events.js';
+import { eventDetail, type IdempotencyEventListener, type IdempotencyEventType } from '../core/events.js';
 
 export interface IdempotencyTelemetryOptions {
   /**
@@ -16,6 +16,14 @@ export interface IdempotencyTelemetryOptions {
  * one in the first bucket.
  */
 const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+/** The durations' attributes: none, in one shared set (the SDK would make an empty one per record). */
+const NO_ATTRIBUTES: Attributes = Object.freeze({});
+
+interface Tally {
+  attributes: Attributes;
+  count: number;
+}
 
 /**
  * An `onEvent` listener that reports retrysafe to OpenTelemetry.
@@ -61,18 +69,20 @@ export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}):
   const handlerDuration = histogram('idempotency.handler.duration', 'Time a guarded handler took');
   const waitDuration = histogram('idempotency.wait.duration', 'Time a duplicate waited for the original');
 
-  // One count per outcome and detail, each with its attribute set made once.
-  const tallies = new Map<string, { attributes: Attributes; count: number }>();
+  // One count per outcome and detail, each with its attribute set made once. An outcome is
+  // reported from its first event on (the common ones have their counts from the start).
+  const tallies = new Map<string, Tally>();
   outcomes.addCallback((result) => {
-    for (const { attributes, count } of tallies.values()) result.observe(count, attributes);
+    for (const { attributes, count } of tallies.values()) {
+      if (count > 0) result.observe(count, attributes);
+    }
   });
-  const tallyOf = (event: IdempotencyEvent) => {
-    const detail = eventDetail(event);
-    const id = detail ? `${event.type}\0${detail.value}` : event.type;
+  const tallyOf = (type: IdempotencyEventType, detail?: { name: string; value: string }): Tally => {
+    const id = detail ? `${type}\0${detail.value}` : type;
     let tally = tallies.get(id);
     if (!tally) {
       const attributes = {
-        'idempotency.outcome': event.type,
+        'idempotency.outcome': type,
         ...(detail && { [`idempotency.${detail.name}`]: detail.value }),
       };
       tally = { attributes: Object.freeze(attributes), count: 0 };
@@ -80,21 +90,26 @@ export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}):
     }
     return tally;
   };
+  // The outcomes that have no detail, the common ones, without building an id to look them up.
+  const plain: Partial<Record<IdempotencyEventType, Tally>> = {};
+  for (const type of ['executed', 'replayed', 'conflict', 'lease_renewed', 'lease_lost'] as const) {
+    plain[type] = tallyOf(type);
+  }
 
   return function idempotencyTelemetryListener(event) {
-    tallyOf(event).count++;
+    (plain[event.type] ?? tallyOf(event.type, eventDetail(event))).count++;
     switch (event.type) {
       case 'executed':
       case 'released':
-        handlerDuration.record(event.handlerMs / 1000);
-        storeDuration.record(event.storeMs / 1000);
+        handlerDuration.record(event.handlerMs / 1000, NO_ATTRIBUTES);
+        storeDuration.record(event.storeMs / 1000, NO_ATTRIBUTES);
         break;
       case 'replayed':
       case 'conflict':
-        storeDuration.record(event.storeMs / 1000);
+        storeDuration.record(event.storeMs / 1000, NO_ATTRIBUTES);
         break;
       case 'waited':
-        waitDuration.record(event.waitedMs / 1000);
+        waitDuration.record(event.waitedMs / 1000, NO_ATTRIBUTES);
         break;
       // Renewals run on a timer shared by every request: the active span there is not theirs.
       case 'lease_renewed':
