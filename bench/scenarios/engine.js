@@ -129,7 +129,9 @@ export async function run(ctx) {
   };
   const names = Object.keys(contenders);
   const count = ctx.quick ? 5_000 : 20_000;
-  const rounds = ctx.quick ? 3 : 7;
+  // Slices spread widely (a quarter of them 10 % or more over the median on a shared machine):
+  // with 7 rounds (560 slices) a cost % moved by about ±0.8 from run to run, 15 narrow that.
+  const rounds = ctx.quick ? 3 : 15;
   for (const name of names) await timePerRequest(contenders[name], count, `warm-${name}`);
   const samples = Object.fromEntries(names.map((name) => [name, []]));
   const slices = Object.fromEntries(names.map((name) => [name, []]));
