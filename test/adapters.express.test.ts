@@ -232,6 +232,17 @@ describe('express specifics', () => {
             compression({ threshold: 0 }),
             (_req, res) => res.status(201).json(catalogPage),
           );
+          a.post(
+            '/max-listeners',
+            (req, res, next) => {
+              req.setMaxListeners(7);
+              res.setMaxListeners(42);
+              next();
+            },
+            express.json(),
+            idempotency({ store }),
+            (req, res) => res.status(201).json([req.getMaxListeners(), res.getMaxListeners()]),
+          );
           a.post('/forbidden', express.json(), idempotency({ store }), () => {
             throw Object.assign(new Error('not yours'), { status: 403 });
           });
@@ -249,6 +260,10 @@ describe('express specifics', () => {
         expect(missing.status).toBe(400);
         expect(JSON.parse(missing.text)).toMatchObject({ error: 'idempotency_key_missing' });
         expect((await post(app, '/optional')).status).toBe(201);
+      });
+
+      it('req and res keep the max listeners set before the middleware (it re-adds that property)', async () => {
+        expect(JSON.parse((await post(app, '/max-listeners', `listeners-${version}`)).text)).toEqual([7, 42]);
       });
 
       it('under a router, the fingerprint uses the full path: /api/a and /api/b conflict', async () => {

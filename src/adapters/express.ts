@@ -22,6 +22,7 @@ import {
   resetHeaders,
   send,
   sendAnswer,
+  toDictionaryMode,
 } from './node-http.js';
 
 declare global {
@@ -109,6 +110,8 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
   }
 
   return function idempotencyMiddleware(req, res, next) {
+    toDictionaryMode(req);
+    toDictionaryMode(res);
     // Express 4 ignores a rejected promise, so every failure is routed here: the client left
     // mid-body (nobody to answer) or the user's `scope` or the engine threw (their error path
     // decides). `req.destroyed` tells neither: a request whose body was read is destroyed too.
