@@ -34,6 +34,38 @@ describe.skipIf(!hasRedis)('redis', () => {
     expect(() => redisStore({ url: REDIS_URL, commandTimeoutMs: -1 })).toThrow(/`commandTimeoutMs`/);
   });
 
+  it('claims sent in one turn of the event loop reach Redis in one write', async () => {
+    const prefix = `${uniqueName('rs_redis_batch')}:`;
+    const client = new Redis(REDIS_URL);
+    const store = redisStore({ client, prefix });
+    try {
+      await client.ping();
+      const socket = client.stream as typeof client.stream & {
+        _write: (...args: unknown[]) => void;
+        _writev: (...args: unknown[]) => void;
+      };
+      let writes = 0;
+      const { _write: write, _writev: writev } = socket;
+      socket._write = (...args) => {
+        writes++;
+        write.apply(socket, args);
+      };
+      socket._writev = (...args) => {
+        writes++;
+        writev.apply(socket, args);
+      };
+      const claim = (key: string) =>
+        store.claim({ scope: 's', key, fingerprint: 'f', leaseMs: 5000, ttlMs: 60_000 });
+      const claims = await Promise.all(Array.from({ length: 10 }, (_, i) => claim(`k${i}`)));
+      expect(claims.map((c) => c.outcome)).toEqual(Array(10).fill('acquired'));
+      expect(writes).toBe(1);
+    } finally {
+      await store.close();
+      await deleteKeys(client, prefix);
+      await client.quit();
+    }
+  });
+
   it('works on a client the caller owns and leaves it open', async () => {
     const prefix = `${uniqueName('rs_redis_own')}:`;
     const client = new Redis(REDIS_URL, { commandTimeout: 2000 });
