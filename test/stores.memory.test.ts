@@ -21,6 +21,23 @@ async function tokenOf(store: ReturnType<typeof memoryStore>, key: string): Prom
   return result.token;
 }
 
+describe('memoryStore copies', () => {
+  it('keeps its own copy of a response, in a buffer of its own (not a slice of the shared pool)', async () => {
+    const store = memoryStore();
+    const body = Buffer.from('{"id":1}');
+    const headers = { 'content-type': 'application/json' };
+    await store.complete('tenant', 'copy', await tokenOf(store, 'copy'), { status: 201, headers, body });
+    body.fill(0);
+    headers['content-type'] = 'text/plain';
+    const replay = await store.claim(input('copy'));
+    if (replay.outcome !== 'replay') throw new Error(`expected replay, got ${replay.outcome}`);
+    expect(Buffer.from(replay.response.body).toString()).toBe('{"id":1}');
+    expect(replay.response.headers).toEqual({ 'content-type': 'application/json' });
+    expect(replay.response.body.buffer.byteLength).toBe(8);
+    await store.close();
+  });
+});
+
 describe('memoryStore size cap', () => {
   it('evicts the records completed longest ago first and never an in-progress one', async () => {
     const store = memoryStore({ maxRecords: 3 });

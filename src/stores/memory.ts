@@ -56,8 +56,15 @@ interface MemoryRecord {
   response?: StoredResponse;
 }
 
-function copyResponse(response: StoredResponse): StoredResponse {
-  return { status: response.status, headers: { ...response.headers }, body: new Uint8Array(response.body) };
+/**
+ * The store's own copy of a response, kept until the record goes. The body gets a buffer of its
+ * own size: a slice of Node's shared pool would keep a whole 8 KiB pool chunk alive per record.
+ * Replays answer this copy itself; nothing in retrysafe writes to a response it replays.
+ */
+function keptCopy(response: StoredResponse): StoredResponse {
+  const body = Buffer.allocUnsafeSlow(response.body.byteLength);
+  body.set(response.body);
+  return { status: response.status, headers: { ...response.headers }, body };
 }
 
 /**
@@ -126,7 +133,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     const existing = live(id, nowMs);
     if (existing) {
       if (existing.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-      if (existing.response) return { outcome: 'replay', response: copyResponse(existing.response) };
+      if (existing.response) return { outcome: 'replay', response: existing.response };
       if (existing.leaseUntilMs > nowMs) {
         return { outcome: 'in_progress', retryAfterMs: existing.leaseUntilMs - nowMs };
       }
@@ -159,7 +166,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     const id = recordId(scope, key);
     const record = owned(id, token);
     if (!record) return false;
-    record.response = copyResponse(response);
+    record.response = keptCopy(response);
     completed.add(id);
     waiters.wake(id);
     return true;
