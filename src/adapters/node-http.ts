@@ -81,10 +81,14 @@ function answer(
   body: Uint8Array,
 ): void {
   if (res.headersSent) return;
-  if (!withoutLength(status) && !res.hasHeader('content-length'))
-    res.setHeader('content-length', body.byteLength);
-  if (headers === undefined) res.writeHead(status);
-  else res.writeHead(status, headers);
+  const declare = !withoutLength(status) && !res.hasHeader('content-length');
+  if (headers === undefined) {
+    if (declare) res.setHeader('content-length', body.byteLength);
+    res.writeHead(status);
+  }
+  // In writeHead's headers rather than set before: on a response with no header set yet, node
+  // then writes them as given instead of setting (and checking) each one on the response first.
+  else res.writeHead(status, declare ? { ...headers, 'content-length': body.byteLength } : headers);
   res.end(body);
 }
 
