@@ -34,6 +34,7 @@ import {
   resetHeaders,
   send,
   sendAnswer,
+  toDictionaryMode,
 } from './node-http.js';
 
 /**
@@ -112,6 +113,11 @@ export class IdempotencyInterceptor implements NestInterceptor {
     const reply = http.getResponse<{ raw?: ServerResponse } & ServerResponse>();
     const rawReq = req.raw ?? (req as unknown as IncomingMessage);
     const res = reply.raw ?? reply;
+    if (req.raw === undefined) {
+      // @nestjs/platform-express: Express's objects, with their prototypes swapped.
+      toDictionaryMode(rawReq);
+      toDictionaryMode(res);
+    }
     const handled = respondsItself(context);
     return new Observable((subscriber) => {
       // Headers set before the route ran (middleware, @Header): kept on every answer.
