@@ -16,9 +16,10 @@ import { pollUntilSettled } from './poll-wait.js';
 
 export interface RedisStoreOptions {
   /**
-   * An ioredis client to use; the store defines its scripts on it and never closes it. Give it a
-   * `commandTimeout` (or `maxRetriesPerRequest` and `enableOfflineQueue: false`) so commands reject
-   * while Redis is down instead of queueing. One of `client`/`url`.
+   * An ioredis client to use; the store defines its scripts on it and never closes it, and the
+   * commands sent on it in one turn of the event loop (the caller's too) go out in one write.
+   * Give it a `commandTimeout` (or `maxRetriesPerRequest` and `enableOfflineQueue: false`) so
+   * commands reject while Redis is down instead of queueing. One of `client`/`url`.
    * @default undefined
    * @example client: new Redis({ commandTimeout: 2000 })
    */
