@@ -21,6 +21,14 @@ export function percentile(values, p) {
 
 const ms3 = (value) => (Number.isFinite(value) ? Number(value.toFixed(3)) : value);
 
+/**
+ * autocannon notices that a run is over (its duration passed, its `amount` answered, `stop()`
+ * called) only on its next sample tick, 1 s by default: a 0.5 s run would last 1 s, and a bounded
+ * run up to 1 s past its last answer. So a timed run ticks once, at its end, and any other run
+ * every TICK_MS. (The bench reads autocannon's totals, never its per-tick samples.)
+ */
+const TICK_MS = 50;
+
 let runCounter = 0;
 let runId = `rsbench-${process.pid}`;
 
@@ -70,6 +78,7 @@ export async function load({
   };
   if (amount) options.amount = amount;
   else options.duration = durationS;
+  options.sampleInt = amount ? TICK_MS : durationS * 1000;
   // autocannon's own histogram has 1 ms resolution; these are the exact latencies of 2xx answers.
   const latencies = [];
   const result = await new Promise((resolve, reject) => {
@@ -211,12 +220,17 @@ export async function loadDuring({ url, body, maxS = 300, connections = CONNECTI
   let measuring = false;
   let errors = 0;
   let non2xx = 0;
+  let finished;
+  const done = new Promise((resolve) => {
+    finished = resolve;
+  });
   const instance = autocannon(
     {
       url,
       method: 'POST',
       connections,
       duration: maxS,
+      sampleInt: TICK_MS,
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify(body),
       timeout: 10,
@@ -229,7 +243,7 @@ export async function loadDuring({ url, body, maxS = 300, connections = CONNECTI
         },
       ],
     },
-    () => {},
+    () => finished(),
   );
   instance.on('response', (_client, statusCode, _bytes, responseTimeMs) => {
     if (!measuring) return;
@@ -251,6 +265,8 @@ export async function loadDuring({ url, body, maxS = 300, connections = CONNECTI
     instance.stop();
   }
   const seconds = (performance.now() - started) / 1000;
+  // Its connections close before the next run starts, so two loads never overlap.
+  await done;
   return {
     value,
     seconds,
