@@ -3,12 +3,24 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 import { loadDuring } from '../lib/load.js';
 import { round2, target } from '../lib/measure.js';
-import { startServer } from '../lib/proc.js';
+import { startAll, startServer } from '../lib/proc.js';
 import { PG_URL, pgSchemaUrl } from '../lib/services.js';
 
 const WORKER = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/store-worker.js');
 
 const fmt = (n) => (n >= 1e6 ? `${n / 1e6}M` : n >= 1e3 ? `${n / 1e3}k` : String(n));
+
+/** The store worker of `kind` (sqlite or postgres) on its own fresh file or schema. */
+async function startWorker(ctx, kind) {
+  const env = { KIND: kind };
+  if (kind === 'sqlite') env.SQLITE_FILE = path.join(ctx.tmpDir, 'growth.db');
+  else {
+    const schema = `${ctx.runId}_growth`;
+    await pgSchemaUrl(schema);
+    Object.assign(env, { PG_URL, PG_SCHEMA: schema });
+  }
+  return startServer(WORKER, { env });
+}
 
 export async function run(ctx) {
   const sizes = ctx.quick ? [1_000, 10_000, 100_000] : [10_000, 1_000_000, 10_000_000];
@@ -24,17 +36,14 @@ export async function run(ctx) {
     'Pre-fill: completed, unexpired records by bulk INSERT … SELECT (generate_series / recursive CTE); each fill spreads its keys evenly over the key space and inserts them in ascending order (fast, and new keys still land between old ones), then checkpoints (PostgreSQL: VACUUM ANALYZE + CHECKPOINT) so the timed claims do not pay for the bulk load.',
     `Purge: ${fmt(expired)} records past retention added, then store.purgeExpired() runs in the serving process (as the loan desk's timer does) while autocannon drives POST /orders with fresh keys through retrysafe/node on the same store; p99 before is the same load with no purge.`,
   ];
-  for (const kind of ['sqlite', 'postgres']) {
-    let worker;
+  const kinds = ['sqlite', 'postgres'];
+  const { servers: workers, failed } = await startAll(
+    kinds.map((kind) => ({ id: kind, start: () => startWorker(ctx, kind) })),
+  );
+  for (const kind of kinds) {
+    const worker = workers.get(kind);
     try {
-      const env = { KIND: kind };
-      if (kind === 'sqlite') env.SQLITE_FILE = path.join(ctx.tmpDir, 'growth.db');
-      else {
-        const schema = `${ctx.runId}_growth`;
-        await pgSchemaUrl(schema);
-        Object.assign(env, { PG_URL, PG_SCHEMA: schema });
-      }
-      worker = await startServer(WORKER, { env });
+      if (!worker) throw new Error(failed.get(kind));
       await worker.ask({ cmd: 'fillReference', total: sizes[0] });
       const fillDeadlineMs = Date.now() + fillBudgetMs;
       const measured = [];
@@ -106,6 +115,7 @@ export async function run(ctx) {
       rows.push([kind, `failed: ${error.message.slice(0, 200)}`, null, null, null, null, null]);
       ctx.log(`  ${kind} failed: ${error.message}`);
     } finally {
+      // Stopped before the next store is measured, so its shutdown does not run during it.
       await worker?.stop();
     }
   }

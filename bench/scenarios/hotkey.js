@@ -1,15 +1,22 @@
 import { burst, sequentialLatency } from '../lib/load.js';
 import { LOAN, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
 import { round2, target } from '../lib/measure.js';
+import { startAll } from '../lib/proc.js';
 
 export async function run(ctx) {
   const concurrent = 1000;
   const rows = [];
   const targets = [];
+  const { servers, failed } = await startAll(
+    VARIANTS.map((variant) => ({
+      id: variant.id,
+      start: () => startLoanDesk(ctx, variant, { tag: '-hot' }),
+    })),
+  );
   for (const variant of VARIANTS) {
-    let server;
+    const server = servers.get(variant.id);
     try {
-      server = await startLoanDesk(ctx, variant, { tag: '-hot' });
+      if (!server) throw new Error(failed.get(variant.id));
       const url = `${server.url}/loans`;
       const single = await sequentialLatency(url, ctx.quick ? 20 : 100, {
         body: LOAN,
@@ -66,6 +73,7 @@ export async function run(ctx) {
       ]);
       ctx.log(`  ${variant.id} failed: ${error.message}`);
     } finally {
+      // Stopped before the next burst, so its shutdown does not run during it.
       await server?.stop();
     }
   }

@@ -2,7 +2,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { load } from '../lib/load.js';
 import { round2 } from '../lib/measure.js';
-import { startServer } from '../lib/proc.js';
+import { startAll, startServer } from '../lib/proc.js';
 
 const APP = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers/express-app.js');
 const MB = 1024 * 1024;
@@ -10,17 +10,25 @@ const MB = 1024 * 1024;
 export async function run(ctx) {
   const total = ctx.quick ? 5_000 : 200_000;
   const rows = [];
-  for (const contender of ['retrysafe-sqlite', 'bare']) {
-    let server;
+  const contenders = ['retrysafe-sqlite', 'bare'];
+  const { servers, failed: unstarted } = await startAll(
+    contenders.map((contender) => ({
+      id: contender,
+      start: () =>
+        startServer(APP, {
+          env: {
+            CONTENDER: contender,
+            RUN_ID: ctx.runId,
+            SQLITE_FILE: path.join(ctx.tmpDir, `memory-${contender}.db`),
+          },
+          execArgv: ['--expose-gc'],
+        }),
+    })),
+  );
+  for (const contender of contenders) {
+    const server = servers.get(contender);
     try {
-      server = await startServer(APP, {
-        env: {
-          CONTENDER: contender,
-          RUN_ID: ctx.runId,
-          SQLITE_FILE: path.join(ctx.tmpDir, `memory-${contender}.db`),
-        },
-        execArgv: ['--expose-gc'],
-      });
+      if (!server) throw new Error(unstarted.get(contender));
       const url = `${server.url}/orders`;
       const body = { item: 'book', qty: 1 };
       await load({ url, body, keyed: true, amount: ctx.quick ? 1000 : 5000 });

@@ -1,31 +1,24 @@
 import { load } from '../lib/load.js';
 import { FLOOR_OF, LOAN, profileArgs, startFloor, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
 import { measureSet, round2, target } from '../lib/measure.js';
+import { startAll, stopAll } from '../lib/proc.js';
 
 /** Keyed ÷ floor goals of issue 10: within 5 % of the hand-written floor. */
 const FLOOR_GOAL = 0.95;
 
 export async function run(ctx) {
-  const servers = new Map();
-  const floors = new Map();
-  const failed = new Map();
+  const { servers, failed } = await startAll([
+    ...VARIANTS.map((variant) => ({
+      id: variant.id,
+      start: () => startLoanDesk(ctx, variant, { execArgv: profileArgs(ctx, `overhead-${variant.id}`) }),
+    })),
+    ...VARIANTS.filter((variant) => FLOOR_OF[variant.id]).map((variant) => ({
+      id: `${variant.id}:floor`,
+      start: () => startFloor(ctx, FLOOR_OF[variant.id]),
+    })),
+  ]);
+  for (const [id, message] of failed) ctx.log(`  ${id} unavailable: ${message}`);
   try {
-    // The servers start side by side (start-up is idle time, not load); they are measured one at a time.
-    await Promise.all(
-      VARIANTS.map(async (variant) => {
-        try {
-          servers.set(
-            variant.id,
-            await startLoanDesk(ctx, variant, { execArgv: profileArgs(ctx, `overhead-${variant.id}`) }),
-          );
-          const floor = FLOOR_OF[variant.id];
-          if (floor) floors.set(variant.id, await startFloor(ctx, floor));
-        } catch (error) {
-          failed.set(variant.id, error.message);
-          ctx.log(`  ${variant.id} unavailable: ${error.message}`);
-        }
-      }),
-    );
     const entries = [];
     for (const variant of VARIANTS.filter((v) => servers.has(v.id))) {
       const url = `${servers.get(variant.id).url}/loans`;
@@ -33,8 +26,9 @@ export async function run(ctx) {
         { id: `${variant.id}:no-key`, run: (durationS) => load({ url, body: LOAN, durationS }) },
         { id: `${variant.id}:key`, run: (durationS) => load({ url, body: LOAN, keyed: true, durationS }) },
       );
-      if (floors.has(variant.id)) {
-        const floorUrl = `${floors.get(variant.id).url}/loans`;
+      const floor = servers.get(`${variant.id}:floor`);
+      if (floor) {
+        const floorUrl = `${floor.url}/loans`;
         entries.push({
           id: `${variant.id}:floor`,
           run: (durationS) => load({ url: floorUrl, body: LOAN, keyed: true, durationS }),
@@ -92,6 +86,6 @@ export async function run(ctx) {
       raw: measured,
     };
   } finally {
-    for (const server of [...servers.values(), ...floors.values()]) await server.stop();
+    await stopAll(servers);
   }
 }

@@ -2,7 +2,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { burst, load, request } from '../lib/load.js';
 import { measureSet, round2, target } from '../lib/measure.js';
-import { startServer } from '../lib/proc.js';
+import { startAll, startServer, stopAll } from '../lib/proc.js';
 import { REDIS_URL } from '../lib/services.js';
 
 const SERVERS = path.join(path.dirname(fileURLToPath(import.meta.url)), '../servers');
@@ -59,9 +59,10 @@ function serverEnv(ctx, id, delayMs) {
   };
 }
 
-function execArgv(ctx, id, label) {
+/** `--cpu-prof` arguments for a retrysafe contender's throughput server when the run profiles. */
+function execArgv(ctx, id) {
   if (!ctx.profileDir || !id.includes('retrysafe')) return [];
-  return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=${label}-${id}.cpuprofile`];
+  return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=peers-${id}.cpuprofile`];
 }
 
 const describe = (r) => {
@@ -74,46 +75,52 @@ const describe = (r) => {
   return `${r.status}${replayed}${error}`;
 };
 
-async function probe(ctx, contender) {
-  const server = await startServer(contender.app ?? APP, {
-    env: serverEnv(ctx, contender.id, RACE_DELAY_MS),
-  });
-  try {
-    const url = `${server.url}/orders`;
-    const key = (name) => `${ctx.runId}-${contender.id}-${name}`;
-    const before = await server.ask({ cmd: 'stats' });
-    const race = await burst(url, DUPLICATES, { body: BODY, headers: { 'idempotency-key': key('race') } });
-    // Let stragglers (a library that answered early and completes in the background) finish.
-    await new Promise((resolve) => setTimeout(resolve, 300));
-    const after = await server.ask({ cmd: 'stats' });
-    const statuses = {};
-    for (const r of race.responses) statuses[r.status] = (statuses[r.status] ?? 0) + 1;
-    const firstBody = race.responses.find((r) => r.status < 300)?.text;
-    const distinctBodies = new Set(race.responses.filter((r) => r.status < 300).map((r) => r.text)).size;
+/** A server per contender with a `delayMs` handler, started side by side; profiled if `profile`. */
+const startServers = (ctx, contenders, delayMs, { profile = false } = {}) =>
+  startAll(
+    contenders.map((contender) => ({
+      id: contender.id,
+      start: () =>
+        startServer(contender.app ?? APP, {
+          env: serverEnv(ctx, contender.id, delayMs),
+          execArgv: profile ? execArgv(ctx, contender.id) : [],
+        }),
+    })),
+  );
 
-    const retry = await request(url, { body: BODY, headers: { 'idempotency-key': key('race') } });
-    const mismatch = await request(url, {
-      body: { item: 'another book', qty: 2 },
-      headers: { 'idempotency-key': key('race') },
-    });
-    const crashBody = { ...BODY, crashOnce: key('crash') };
-    const crash = await request(url, { body: crashBody, headers: { 'idempotency-key': key('crash') } });
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    const crashRetry = await request(url, { body: crashBody, headers: { 'idempotency-key': key('crash') } });
-    return {
-      executions: after.executions - before.executions,
-      statuses,
-      distinctBodies,
-      failures: race.failures.length,
-      retry: describe(retry),
-      retrySameBody: retry.text === firstBody,
-      mismatch: describe(mismatch),
-      crash: describe(crash),
-      crashRetry: describe(crashRetry),
-    };
-  } finally {
-    await server.stop();
-  }
+async function probe(ctx, contender, server) {
+  const url = `${server.url}/orders`;
+  const key = (name) => `${ctx.runId}-${contender.id}-${name}`;
+  const before = await server.ask({ cmd: 'stats' });
+  const race = await burst(url, DUPLICATES, { body: BODY, headers: { 'idempotency-key': key('race') } });
+  // Let stragglers (a library that answered early and completes in the background) finish.
+  await new Promise((resolve) => setTimeout(resolve, 300));
+  const after = await server.ask({ cmd: 'stats' });
+  const statuses = {};
+  for (const r of race.responses) statuses[r.status] = (statuses[r.status] ?? 0) + 1;
+  const firstBody = race.responses.find((r) => r.status < 300)?.text;
+  const distinctBodies = new Set(race.responses.filter((r) => r.status < 300).map((r) => r.text)).size;
+
+  const retry = await request(url, { body: BODY, headers: { 'idempotency-key': key('race') } });
+  const mismatch = await request(url, {
+    body: { item: 'another book', qty: 2 },
+    headers: { 'idempotency-key': key('race') },
+  });
+  const crashBody = { ...BODY, crashOnce: key('crash') };
+  const crash = await request(url, { body: crashBody, headers: { 'idempotency-key': key('crash') } });
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  const crashRetry = await request(url, { body: crashBody, headers: { 'idempotency-key': key('crash') } });
+  return {
+    executions: after.executions - before.executions,
+    statuses,
+    distinctBodies,
+    failures: race.failures.length,
+    retry: describe(retry),
+    retrySameBody: retry.text === firstBody,
+    mismatch: describe(mismatch),
+    crash: describe(crash),
+    crashRetry: describe(crashRetry),
+  };
 }
 
 export async function run(ctx) {
@@ -124,40 +131,35 @@ export async function run(ctx) {
     '@node-idempotency/nestjs 1.0.4 declares NestJS 9 or 10 as peers; it runs here on NestJS 12 (bench/package.json overrides the peer range), integrated as its README says (NodeIdempotencyModule.forRootAsync with the memory adapter, @Idempotent() on the route).',
     'Powertools: makeIdempotent over CachePersistenceLayer (@redis/client) in the Express handler, eventKeyJmesPath "key", payloadValidationJmesPath "body"; no Lambda context (so no in-progress expiry).',
   ];
-  const servers = new Map();
-  const unavailable = new Map();
+  const { servers, failed: unavailable } = await startServers(ctx, CONTENDERS, 0, { profile: true });
+  for (const [id, message] of unavailable) ctx.log(`  ${id} unavailable: ${message}`);
+  let probeServers = new Map();
   const rows = [];
   try {
-    for (const contender of CONTENDERS) {
-      try {
-        servers.set(
-          contender.id,
-          await startServer(contender.app ?? APP, {
-            env: serverEnv(ctx, contender.id, 0),
-            execArgv: execArgv(ctx, contender.id, 'peers'),
-          }),
-        );
-      } catch (error) {
-        unavailable.set(contender.id, error.message);
-        ctx.log(`  ${contender.id} unavailable: ${error.message}`);
-      }
-    }
     const entries = CONTENDERS.filter((c) => servers.has(c.id)).map((c) => ({
       id: c.id,
       run: (durationS) =>
         load({ url: `${servers.get(c.id).url}/orders`, body: BODY, keyed: true, durationS }),
     }));
     const measured = await measureSet(entries, ctx);
-    for (const server of servers.values()) await server.stop();
+    await stopAll(servers);
     servers.clear();
+    // The probes' servers (a slow handler) start once the throughput runs are over.
+    const probes = await startServers(
+      ctx,
+      CONTENDERS.filter((c) => measured[c.id]),
+      RACE_DELAY_MS,
+    );
+    probeServers = probes.servers;
+    for (const [id, message] of probes.failed) unavailable.set(id, message);
 
     const targets = [];
     for (const contender of CONTENDERS) {
       const m = measured[contender.id];
       let p = null;
-      if (m || !unavailable.has(contender.id)) {
+      if (probeServers.has(contender.id)) {
         try {
-          p = await probe(ctx, contender);
+          p = await probe(ctx, contender, probeServers.get(contender.id));
         } catch (error) {
           unavailable.set(contender.id, error.message);
         }
@@ -226,6 +228,6 @@ export async function run(ctx) {
       raw: measured,
     };
   } finally {
-    for (const server of servers.values()) await server.stop();
+    await Promise.all([stopAll(servers), stopAll(probeServers)]);
   }
 }

@@ -1,6 +1,7 @@
 import { load, request } from '../lib/load.js';
 import { LOAN, profileArgs, startFloor, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
 import { measureSet, round2, target } from '../lib/measure.js';
+import { startAll, stopAll } from '../lib/proc.js';
 
 /** Replay ÷ cheapest POST goals of issue 10. */
 const GOALS = { 'sqlite-atomic': 1, memory: 1, redis: 1, 'postgres-atomic': 0.9 };
@@ -11,28 +12,28 @@ const REPLAY_VARIANTS = VARIANTS.filter((v) =>
 );
 
 export async function run(ctx) {
-  const servers = new Map();
-  const failed = new Map();
-  let cheapest;
-  try {
+  const { servers, failed } = await startAll([
     // The cheapest POST: the same body read by a handler answering a constant 201, no key.
-    cheapest = await startFloor(ctx, 'cheapest');
+    { id: 'cheapest-post', start: () => startFloor(ctx, 'cheapest') },
+    ...REPLAY_VARIANTS.map((variant) => ({
+      id: variant.id,
+      start: () =>
+        startLoanDesk(ctx, variant, { tag: '-replay', execArgv: profileArgs(ctx, `replay-${variant.id}`) }),
+    })),
+  ]);
+  try {
+    const cheapest = servers.get('cheapest-post');
+    if (!cheapest) throw new Error(`the cheapest POST did not start: ${failed.get('cheapest-post')}`);
     const entries = [
       {
         id: 'cheapest-post',
         run: (durationS) => load({ url: `${cheapest.url}/loans`, body: LOAN, durationS }),
       },
     ];
-    // The desks start side by side (start-up is idle time, not load); they are measured one at a time.
-    const starting = REPLAY_VARIANTS.map((variant) =>
-      startLoanDesk(ctx, variant, { tag: '-replay', execArgv: profileArgs(ctx, `replay-${variant.id}`) }),
-    );
-    // A failed start is read in the loop below; until then it must not count as unhandled.
-    for (const start of starting) start.catch(() => undefined);
-    for (const [index, variant] of REPLAY_VARIANTS.entries()) {
+    for (const variant of REPLAY_VARIANTS) {
       try {
-        const server = await starting[index];
-        servers.set(variant.id, server);
+        const server = servers.get(variant.id);
+        if (!server) throw new Error(failed.get(variant.id));
         const key = `${ctx.runId}-replay-${variant.id}`;
         const created = await request(`${server.url}/loans`, {
           body: LOAN,
@@ -106,7 +107,6 @@ export async function run(ctx) {
       raw: measured,
     };
   } finally {
-    for (const server of servers.values()) await server.stop();
-    await cheapest?.stop();
+    await stopAll(servers);
   }
 }
