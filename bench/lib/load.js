@@ -1,6 +1,7 @@
 import { once } from 'node:events';
 import http from 'node:http';
 import net from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
 import autocannon from 'autocannon';
 
 /** Every throughput run uses these, for every contender. */
@@ -132,6 +133,20 @@ export function request(url, { method = 'POST', body, headers = {}, agent } = {}
 const BURST_TIMEOUT_MS = 30_000;
 
 /**
+ * A burst opens its connections in waves of WAVE, pausing WAVE_PAUSE_MS between waves. A
+ * connection counts as open once the kernel completes its handshake, before the server accepts
+ * it; a server that falls behind (it shares the CPU) fills its accept queue (Node's backlog is
+ * 511), and the SYNs past it are dropped and retried only after a second. The pause lets it catch
+ * up: at load average 5 the hot key scenario's 12 bursts overflowed the queue 180-240 times
+ * without it (4-5 s of retries), never with it. No pause follows the last wave, so a burst of one
+ * wave (the peers' 20 duplicates) is written the moment it is open: paused, every connection was
+ * accepted first, and express-idempotency's Redis adapter ran all 20 duplicates instead of 1 to 7
+ * (the race changed, not just the bench's speed).
+ */
+const WAVE = 100;
+const WAVE_PAUSE_MS = 10;
+
+/**
  * `count` requests on `count` connections opened beforehand, then written in one go, so they all
  * reach the server before any completes and the time measured is the server's, not the TCP
  * handshakes' (1,000 simultaneous SYNs would overflow the listen backlog and wait out SYN
@@ -147,13 +162,14 @@ export async function burst(url, count, { method = 'POST', body, headers = {} } 
   const raw = `${head.join('\r\n')}\r\n\r\n${payload}`;
 
   const sockets = [];
-  for (let i = 0; i < count; i += 100) {
-    const wave = Array.from({ length: Math.min(100, count - i) }, () => {
+  for (let i = 0; i < count; i += WAVE) {
+    const wave = Array.from({ length: Math.min(WAVE, count - i) }, () => {
       const socket = net.connect({ host: hostname, port: Number(port) });
       sockets.push(socket);
       return once(socket, 'connect');
     });
     await Promise.all(wave);
+    if (i + WAVE < count) await sleep(WAVE_PAUSE_MS);
   }
   const started = performance.now();
   let last = started;
