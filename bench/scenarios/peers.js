@@ -49,17 +49,10 @@ const CONTENDERS = [
 
 const BODY = { item: 'book', qty: 1 };
 
-function serverEnv(ctx, id, delayMs) {
-  return {
-    CONTENDER: id,
-    HANDLER_DELAY_MS: String(delayMs),
-    RUN_ID: ctx.runId,
-    REDIS_URL,
-    SQLITE_FILE: path.join(ctx.tmpDir, `${id}-${delayMs}.db`),
-  };
+function serverEnv(ctx, id) {
+  return { CONTENDER: id, RUN_ID: ctx.runId, REDIS_URL, SQLITE_FILE: path.join(ctx.tmpDir, `${id}.db`) };
 }
 
-/** `--cpu-prof` arguments for a retrysafe contender's throughput server when the run profiles. */
 function execArgv(ctx, id) {
   if (!ctx.profileDir || !id.includes('retrysafe')) return [];
   return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=peers-${id}.cpuprofile`];
@@ -75,20 +68,9 @@ const describe = (r) => {
   return `${r.status}${replayed}${error}`;
 };
 
-/** A server per contender with a `delayMs` handler, started side by side; profiled if `profile`. */
-const startServers = (ctx, contenders, delayMs, { profile = false } = {}) =>
-  startAll(
-    contenders.map((contender) => ({
-      id: contender.id,
-      start: () =>
-        startServer(contender.app ?? APP, {
-          env: serverEnv(ctx, contender.id, delayMs),
-          execArgv: profile ? execArgv(ctx, contender.id) : [],
-        }),
-    })),
-  );
-
+/** Runs on the contender's throughput server once its runs are over, with a slow handler. */
 async function probe(ctx, contender, server) {
+  await server.ask({ cmd: 'delay', ms: RACE_DELAY_MS });
   const url = `${server.url}/orders`;
   const key = (name) => `${ctx.runId}-${contender.id}-${name}`;
   const before = await server.ask({ cmd: 'stats' });
@@ -126,14 +108,22 @@ async function probe(ctx, contender, server) {
 export async function run(ctx) {
   const notes = [
     `Same Express 5 app and handler for every Express contender (bench/servers/express-app.js); the NestJS rows share one NestJS 12 app on platform-express (bench/servers/nest-app.js) around the same handler (bench/servers/work.js), and their ÷ bare is against bare NestJS; JSON body ${JSON.stringify(BODY)}, a fresh Idempotency-Key per request, also sent to the bare app (which ignores it).`,
-    `Correctness probes use a ${RACE_DELAY_MS} ms handler: ${DUPLICATES} concurrent duplicates on one key, then a plain retry, then the same key with another body, then a handler that throws once and its retry.`,
+    `Correctness probes run on the same servers once the throughput runs are over, with a ${RACE_DELAY_MS} ms handler: ${DUPLICATES} concurrent duplicates on one key, then a plain retry, then the same key with another body, then a handler that throws once and its retry.`,
     '@node-idempotency/express is not published on npm (404); the bench uses @node-idempotency/core with the same glue its Express plugin source uses (onRequest, onResponse from res.send, replay of status and body).',
     '@node-idempotency/nestjs 1.0.4 declares NestJS 9 or 10 as peers; it runs here on NestJS 12 (bench/package.json overrides the peer range), integrated as its README says (NodeIdempotencyModule.forRootAsync with the memory adapter, @Idempotent() on the route).',
     'Powertools: makeIdempotent over CachePersistenceLayer (@redis/client) in the Express handler, eventKeyJmesPath "key", payloadValidationJmesPath "body"; no Lambda context (so no in-progress expiry).',
   ];
-  const { servers, failed: unavailable } = await startServers(ctx, CONTENDERS, 0, { profile: true });
+  const { servers, failed: unavailable } = await startAll(
+    CONTENDERS.map((contender) => ({
+      id: contender.id,
+      start: () =>
+        startServer(contender.app ?? APP, {
+          env: serverEnv(ctx, contender.id),
+          execArgv: execArgv(ctx, contender.id),
+        }),
+    })),
+  );
   for (const [id, message] of unavailable) ctx.log(`  ${id} unavailable: ${message}`);
-  let probeServers = new Map();
   const rows = [];
   try {
     const entries = CONTENDERS.filter((c) => servers.has(c.id)).map((c) => ({
@@ -142,24 +132,14 @@ export async function run(ctx) {
         load({ url: `${servers.get(c.id).url}/orders`, body: BODY, keyed: true, durationS }),
     }));
     const measured = await measureSet(entries, ctx);
-    await stopAll(servers);
-    servers.clear();
-    // The probes' servers (a slow handler) start once the throughput runs are over.
-    const probes = await startServers(
-      ctx,
-      CONTENDERS.filter((c) => measured[c.id]),
-      RACE_DELAY_MS,
-    );
-    probeServers = probes.servers;
-    for (const [id, message] of probes.failed) unavailable.set(id, message);
 
     const targets = [];
     for (const contender of CONTENDERS) {
       const m = measured[contender.id];
       let p = null;
-      if (probeServers.has(contender.id)) {
+      if (servers.has(contender.id)) {
         try {
-          p = await probe(ctx, contender, probeServers.get(contender.id));
+          p = await probe(ctx, contender, servers.get(contender.id));
         } catch (error) {
           unavailable.set(contender.id, error.message);
         }
@@ -228,6 +208,6 @@ export async function run(ctx) {
       raw: measured,
     };
   } finally {
-    await Promise.all([stopAll(servers), stopAll(probeServers)]);
+    await stopAll(servers);
   }
 }

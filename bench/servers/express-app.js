@@ -2,7 +2,7 @@
 // Started in its own process by bench/run.js; reports its port over IPC.
 import express from 'express';
 import { serveCommands } from '../lib/proc.js';
-import { stats, work } from './work.js';
+import { delay, stats, work } from './work.js';
 
 const CONTENDER = process.env.CONTENDER ?? 'bare';
 const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -179,7 +179,7 @@ try {
     res.status(status).json({ error: error?.message ?? 'error' });
   });
   const server = app.listen(0, '127.0.0.1', () => process.send?.({ ready: server.address().port }));
-  serveCommands({ stats });
+  serveCommands({ stats, delay });
   process.on('SIGTERM', async () => {
     server.close();
     server.closeAllConnections();

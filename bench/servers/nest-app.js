@@ -3,7 +3,7 @@
 import { Body, Controller, Module, Post } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { serveCommands } from '../lib/proc.js';
-import { stats, work } from './work.js';
+import { delay, stats, work } from './work.js';
 
 const CONTENDER = process.env.CONTENDER ?? 'nest-bare';
 /** Every key or prefix this server writes contains RUN_ID, so run.js can delete them afterwards. */
@@ -58,7 +58,7 @@ try {
   app.getHttpAdapter().getInstance().disable('x-powered-by');
   await app.listen(0, '127.0.0.1');
   process.send?.({ ready: app.getHttpServer().address().port });
-  serveCommands({ stats });
+  serveCommands({ stats, delay });
   process.on('SIGTERM', async () => {
     await app.close();
     process.exit(0);

@@ -2,14 +2,14 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-const HANDLER_DELAY_MS = Number(process.env.HANDLER_DELAY_MS ?? 0);
-
+/** How long `work` takes: none for the throughput runs, longer for the race probes. */
+let delayMs = 0;
 let executions = 0;
 const crashed = new Set();
 
 export async function work(body) {
   executions++;
-  if (HANDLER_DELAY_MS > 0) await sleep(HANDLER_DELAY_MS);
+  if (delayMs > 0) await sleep(delayMs);
   if (body?.crashOnce && !crashed.has(body.crashOnce)) {
     crashed.add(body.crashOnce);
     throw new Error('handler crashed');
@@ -22,4 +22,9 @@ export function stats() {
   globalThis.gc?.();
   const { rss, heapUsed } = process.memoryUsage();
   return { executions, rssBytes: rss, heapUsedBytes: heapUsed };
+}
+
+/** The server's `delay` command: from now on `work` takes `ms` (the peers' probes set it). */
+export function delay({ ms }) {
+  delayMs = ms;
 }
