@@ -21,7 +21,7 @@ const { values: flags } = parseArgs({
 });
 if (flags.help) {
   console.log(`usage: npm run bench -- [--quick] [--only ${SCENARIOS.join(',')}] [--profile]
-  --quick    one short round per contender and small store sizes (about a minute)
+  --quick    one short round per contender and small store sizes (about 70 s on 2 cores)
   --only     run only the named scenarios (comma-separated)
   --profile  start retrysafe servers with --cpu-prof (profiles in bench/profiles/)`);
   process.exit(0);
