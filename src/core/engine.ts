@@ -49,23 +49,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   options: IdempotencyOptions<Req, Tx>,
 ): Idempotency<Req, Tx> {
   const config = resolveOptions(options);
-  const {
-    store,
-    mode,
-    keyHeader,
-    keyOf,
-    concurrency,
-    ttlMs,
-    leaseMs,
-    waitMs,
-    storeTimeoutMs,
-    bounds,
-    maxBodyBytes,
-    maxResponseBytes,
-    methods,
-    scopeOf,
-    storedHeaderNames,
-  } = config;
+  const { store, mode } = config;
   const overflow = mode === 'lease' ? 'stream' : 'drop';
   // Every use is behind `if (emit)`: without a listener no event is built and the clock is read
   // only where a timeout or a lease needs it.
@@ -75,8 +59,8 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   const { rejected, storeFailed, replayOrError, conflictOf, waited } = events;
 
   const guard = deadlineGuard(
-    storeTimeoutMs,
-    `${store.name} store did not answer within ${storeTimeoutMs} ms`,
+    config.storeTimeoutMs,
+    `${store.name} store did not answer within ${config.storeTimeoutMs} ms`,
   );
 
   const runLeased = leasedRunner<Req, Tx>(config, emit, guard, events);
@@ -86,10 +70,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     request: IncomingRequest<Req>,
     run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
   ): Promise<Outcome> {
-    if (!methods.has(request.method.toUpperCase())) return PASS;
+    if (!config.methods.has(request.method.toUpperCase())) return PASS;
     const parsed = parseIdempotencyKey(
-      keyOf === undefined ? request.keyHeader : await keyOf(request.raw),
-      bounds,
+      config.keyOf === undefined ? request.keyHeader : await config.keyOf(request.raw),
+      config.bounds,
     );
     if (parsed.ok === 'absent') {
       if (!config.required) return PASS;
@@ -106,10 +90,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       throw error;
     }
     // A parser in front may allow more than we do: what it read is held to our limit too.
-    if ((body instanceof Uint8Array ? body : body.nonJson).byteLength > maxBodyBytes) {
+    if ((body instanceof Uint8Array ? body : body.nonJson).byteLength > config.maxBodyBytes) {
       return rejected(bodyTooLarge(config), 'body_too_large');
     }
-    const scoped = scopeOf(request);
+    const scoped = config.scopeOf(request);
     const claim: ClaimInput = {
       scope: typeof scoped === 'string' ? scoped : await scoped,
       key,
@@ -117,15 +101,15 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         { method: request.method, path: request.path, contentType: request.contentType, body },
         config.fingerprintBody,
       ),
-      leaseMs,
-      ttlMs,
-      timeoutMs: storeTimeoutMs,
+      leaseMs: config.leaseMs,
+      ttlMs: config.ttlMs,
+      timeoutMs: config.storeTimeoutMs,
     };
 
     // When this attempt at the key began: one clock read serves the deadline, the claim's timeout
     // and its timing.
     let attemptMs = performance.now();
-    const deadline = attemptMs + (concurrency === 'wait' ? waitMs : 0);
+    const deadline = attemptMs + (config.concurrency === 'wait' ? config.waitMs : 0);
     // Time in claims (lease mode), and since the key was first found in progress.
     let storeMs = 0;
     let waitingSinceMs: number | undefined;
@@ -203,9 +187,9 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
 
   return {
     mode,
-    keyHeader,
-    maxBodyBytes,
-    maxResponseBytes,
+    keyHeader: config.keyHeader,
+    maxBodyBytes: config.maxBodyBytes,
+    maxResponseBytes: config.maxResponseBytes,
     handle,
     render: (error) => render(config, error),
     // Every adapter makes this error once per oversized request, guarded or not yet known to be.
@@ -214,6 +198,6 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       if (emit) emit({ type: 'rejected', reason: 'body_too_large' });
       return error;
     },
-    collect: () => new ResponseCollector(maxResponseBytes, overflow, storedHeaderNames),
+    collect: () => new ResponseCollector(config.maxResponseBytes, overflow, config.storedHeaderNames),
   };
 }
