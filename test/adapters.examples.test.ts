@@ -1,10 +1,10 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from './support/free-port.js';
 
 /**
  * The quick starts (docs/quick-start.md, and the README's Express one) are these files: each
@@ -19,17 +19,6 @@ afterAll(() => {
   for (const child of children) child.kill();
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
 });
-
-/** A port free a moment ago: the quick starts print the port they were given, as a user sets it. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as { port: number };
-      probe.close(() => resolve(port));
-    });
-    probe.once('error', reject);
-  });
-}
 
 async function startExample(name: string): Promise<string> {
   const cwd = mkdtempSync(join(tmpdir(), `retrysafe-example-${name}-`));

@@ -7,11 +7,11 @@ import {
   type IdempotencyEvent,
   type IdempotencyOptions,
   type IdempotencyStore,
-  type IncomingRequest,
   type StoredResponse,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
+import { postRequest } from './support/engine-request.js';
 
 /** Every event kind the engine reports, each from a request that causes it. */
 
@@ -43,18 +43,6 @@ const withStore = (overrides: Partial<IdempotencyStore>, base = memoryStore()): 
   return { ...base, ...overrides };
 };
 
-function request(key: string | undefined, body: unknown = { isbn: 'K-01' }): IncomingRequest<unknown> {
-  return {
-    method: 'POST',
-    path: '/loans',
-    keyHeader: key,
-    contentType: 'application/json',
-    authorization: undefined,
-    readBody: async () => Buffer.from(JSON.stringify(body)),
-    raw: {},
-  };
-}
-
 const answer =
   (status = 201, extra: Partial<CapturedResponse> = {}) =>
   async (): Promise<CapturedResponse> => ({
@@ -70,12 +58,12 @@ const numbers = { handlerMs: expect.any(Number), storeMs: expect.any(Number) };
 describe('onEvent', () => {
   it('executed, then replayed, then conflict', async () => {
     const { idem, events } = engine();
-    await idem.handle(request('k'), async () => {
+    await idem.handle(postRequest('k'), async () => {
       await sleep(20);
       return answer()();
     });
-    await idem.handle(request('k'), answer());
-    await idem.handle(request('k', { isbn: 'K-02' }), answer());
+    await idem.handle(postRequest('k'), answer());
+    await idem.handle(postRequest('k', { isbn: 'K-02' }), answer());
     expect(events).toEqual([
       { type: 'executed', key: 'k', scope: 'tenant', status: 201, ...numbers },
       { type: 'replayed', key: 'k', scope: 'tenant', status: 201, storeMs: expect.any(Number) },
@@ -89,13 +77,13 @@ describe('onEvent', () => {
   it('released: the handler threw, its status is not stored, its response outgrew the limit', async () => {
     const { idem, events } = engine();
     await expect(
-      idem.handle(request('threw'), async () => {
+      idem.handle(postRequest('threw'), async () => {
         throw new Error('boom');
       }),
     ).rejects.toThrow('boom');
-    await idem.handle(request('503'), answer(503));
-    await idem.handle(request('422'), answer(422));
-    await idem.handle(request('big'), answer(201, { complete: false }));
+    await idem.handle(postRequest('503'), answer(503));
+    await idem.handle(postRequest('422'), answer(422));
+    await idem.handle(postRequest('big'), answer(201, { complete: false }));
     expect(events).toEqual([
       {
         type: 'released',
@@ -121,14 +109,14 @@ describe('onEvent', () => {
   it('waited: a duplicate waits for the original and replays it', async () => {
     const { idem, events } = engine();
     let finish!: () => void;
-    const original = idem.handle(request('w'), async () => {
+    const original = idem.handle(postRequest('w'), async () => {
       await new Promise<void>((resolve) => {
         finish = resolve;
       });
       return answer()();
     });
     await vi.waitFor(() => expect(finish).toBeDefined());
-    const duplicate = idem.handle(request('w'), answer());
+    const duplicate = idem.handle(postRequest('w'), answer());
     await sleep(30);
     finish();
     await Promise.all([original, duplicate]);
@@ -146,14 +134,14 @@ describe('onEvent', () => {
     for (const options of [{ concurrency: 'reject' as const }, { wait: 50 }]) {
       const { idem, events } = engine(options);
       let finish!: () => void;
-      const original = idem.handle(request('busy'), async () => {
+      const original = idem.handle(postRequest('busy'), async () => {
         await new Promise<void>((resolve) => {
           finish = resolve;
         });
         return answer()();
       });
       await vi.waitFor(() => expect(finish).toBeDefined());
-      const outcome = await idem.handle(request('busy'), answer());
+      const outcome = await idem.handle(postRequest('busy'), answer());
       expect(outcome.kind === 'rejected' && outcome.error.code).toBe('request_in_progress');
       finish();
       await original;
@@ -168,15 +156,15 @@ describe('onEvent', () => {
     const store = withStore({ complete: async () => false, release: async () => false });
     const { idem, types } = engine({ store });
     // The key is still held (by the request that took it over, as the store says): 409.
-    const late = await idem.handle(request('late'), answer());
+    const late = await idem.handle(postRequest('late'), answer());
     expect(late.kind === 'rejected' && late.error.code).toBe('request_in_progress');
-    await idem.handle(request('late-503'), answer(503));
+    await idem.handle(postRequest('late-503'), answer(503));
     expect(types()).toEqual(['fenced', 'fenced', 'released']);
   });
 
   it('lease_renewed while the handler runs; lease_lost when a renewal finds the key taken over', async () => {
     const renewing = engine({ lease: 60 });
-    await renewing.idem.handle(request('slow'), async () => {
+    await renewing.idem.handle(postRequest('slow'), async () => {
       await sleep(150);
       return answer()();
     });
@@ -195,7 +183,7 @@ describe('onEvent', () => {
       ],
     ] as const) {
       const { idem, events } = engine({ store: withStore({ renew }), lease: 60 });
-      await idem.handle(request('k'), async () => {
+      await idem.handle(postRequest('k'), async () => {
         await sleep(100);
         return answer()();
       });
@@ -206,14 +194,14 @@ describe('onEvent', () => {
   it('store_error: a failed claim (503), a save that failed or timed out (the answer stands)', async () => {
     const down = new Error('connection refused');
     const failing = engine({ store: withStore({ claim: () => Promise.reject(down) }) });
-    const outcome = await failing.idem.handle(request('k'), answer());
+    const outcome = await failing.idem.handle(postRequest('k'), answer());
     expect(outcome.kind === 'rejected' && outcome.error.status).toBe(503);
     expect(failing.events).toEqual([
       { type: 'store_error', key: 'k', scope: 'tenant', operation: 'claim', error: down },
     ]);
 
     const stuck = engine({ store: withStore({ complete: () => new Promise(() => {}) }), storeTimeout: 30 });
-    expect((await stuck.idem.handle(request('k'), answer())).kind).toBe('executed');
+    expect((await stuck.idem.handle(postRequest('k'), answer())).kind).toBe('executed');
     expect(stuck.types()).toEqual(['store_error', 'executed']);
     expect(stuck.events[0]).toMatchObject({
       operation: 'complete',
@@ -227,7 +215,7 @@ describe('onEvent', () => {
       wait: () => Promise.reject(new Error('pubsub gone')),
     });
     const { idem, events } = engine({ store });
-    expect((await idem.handle(request('k'), answer())).kind).toBe('rejected');
+    expect((await idem.handle(postRequest('k'), answer())).kind).toBe('rejected');
     expect(
       events.map((e) => [e.type, 'operation' in e ? e.operation : 'result' in e ? e.result : '']),
     ).toEqual([
@@ -238,24 +226,23 @@ describe('onEvent', () => {
 
   it('rejected: key required, key invalid, body too large, a saved answer it cannot decrypt', async () => {
     const { idem, events } = engine({ required: true });
-    await idem.handle(request(undefined), answer());
-    await idem.handle(request('bad\u0001key'), answer());
+    await idem.handle(postRequest(undefined), answer());
+    await idem.handle(postRequest('bad\u0001key'), answer());
     const tooLarge = await idem.handle(
-      {
-        ...request('big'),
+      postRequest('big', undefined, {
         readBody: async () => {
           throw idem.bodyTooLarge();
         },
-      },
+      }),
       answer(),
     );
     expect(tooLarge.kind === 'rejected' && tooLarge.error.status).toBe(413);
 
     const store = memoryStore();
     const before = engine({ store, encryptionKey: randomBytes(32) });
-    await before.idem.handle(request('sealed'), answer());
+    await before.idem.handle(postRequest('sealed'), answer());
     const after = engine({ store, encryptionKey: randomBytes(32) });
-    await after.idem.handle(request('sealed'), answer());
+    await after.idem.handle(postRequest('sealed'), answer());
     expect([...events, ...after.events]).toEqual([
       { type: 'rejected', reason: 'key_missing', key: undefined, scope: undefined },
       { type: 'rejected', reason: 'key_invalid', key: undefined, scope: undefined },
@@ -267,11 +254,11 @@ describe('onEvent', () => {
   it('atomic mode: executed, released, replayed and a store error, with the handler timed apart', async () => {
     const store = sqliteStore({ filename: ':memory:' });
     const { idem, events } = engine({ store, mode: 'atomic' });
-    await idem.handle(request('a'), answer());
-    await idem.handle(request('a'), answer());
-    await idem.handle(request('b'), answer(500));
+    await idem.handle(postRequest('a'), answer());
+    await idem.handle(postRequest('a'), answer());
+    await idem.handle(postRequest('b'), answer(500));
     await expect(
-      idem.handle(request('c'), async () => {
+      idem.handle(postRequest('c'), async () => {
         throw new Error('boom');
       }),
     ).rejects.toThrow('boom');
@@ -287,7 +274,7 @@ describe('onEvent', () => {
       store: withStore({ atomic: () => Promise.reject(broken) } as never, store),
       mode: 'atomic',
     });
-    await failing.idem.handle(request('d'), answer());
+    await failing.idem.handle(postRequest('d'), answer());
     expect(failing.events).toEqual([
       { type: 'store_error', key: 'd', scope: 'tenant', operation: 'atomic', error: broken },
     ]);
@@ -307,8 +294,8 @@ describe('onEvent', () => {
         },
       ]) {
         const idem = createIdempotency({ store: memoryStore(), onEvent });
-        expect((await idem.handle(request('k'), answer())).kind).toBe('executed');
-        expect((await idem.handle(request('k'), answer())).kind).toBe('replayed');
+        expect((await idem.handle(postRequest('k'), answer())).kind).toBe('executed');
+        expect((await idem.handle(postRequest('k'), answer())).kind).toBe('replayed');
       }
       await vi.waitFor(() => expect(warnings).toHaveLength(2));
       expect(warnings.map((w) => w.message)).toEqual([
@@ -333,7 +320,7 @@ describe('onEvent', () => {
     const clocks = [vi.spyOn(performance, 'now'), vi.spyOn(Date, 'now')];
     const reads = async (idem: ReturnType<typeof createIdempotency>, key: string) => {
       for (const clock of clocks) clock.mockClear();
-      await idem.handle(request(key), answer());
+      await idem.handle(postRequest(key), answer());
       return clocks.reduce((sum, clock) => sum + clock.mock.calls.length, 0);
     };
     const quiet = createIdempotency({ store });

@@ -1,7 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, describe, expect, it } from 'vitest';
+import { freePort } from './support/free-port.js';
 import { listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
 import { flowThroughFault, type Intent } from './support/loan-flow.js';
 import { hasRedis, uniqueName } from './support/services.js';
@@ -12,16 +12,6 @@ import { hasRedis, uniqueName } from './support/services.js';
  * crash, recovery by itself, one loan per intent; then the documented cost of a Redis without
  * persistence, measured.
  */
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer().listen(0, '127.0.0.1', () => {
-      const { port } = server.address() as net.AddressInfo;
-      server.close(() => resolve(port));
-    });
-    server.once('error', reject);
-  });
-}
 
 /** A Redis without persistence, as a cache-style deployment runs it. */
 async function startRedis(port: number): Promise<ChildProcess> {

@@ -1,10 +1,10 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { freePort } from './support/free-port.js';
 
 /**
  * The package as a user gets it: `npm pack`, then `npm install <tarball>` into fresh projects
@@ -62,16 +62,6 @@ function asCommonJs(source: string): string {
     .replace(/^import (\w+) from '([^']+)';$/gm, "const $1 = require('$2');")
     .replace(/^import \{ ([^}]+) \} from '([^']+)';$/gm, "const { $1 } = require('$2');");
   return `(async () => {\n${body}\n})();\n`;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as { port: number };
-      probe.close(() => resolve(port));
-    });
-    probe.once('error', reject);
-  });
 }
 
 /** Starts `file` in `dir` and checks the quick start's promise: 400 without a key, then a replay. */

@@ -1,11 +1,11 @@
 import { type ChildProcess, spawn } from 'node:child_process';
-import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, IdempotencyStore, StoredResponse } from '../src/core/types.js';
 import { redisStore } from '../src/stores/redis.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
+import { freePort } from './support/free-port.js';
 import { hasRedis, REDIS_URL, uniqueName } from './support/services.js';
 
 async function deleteKeys(redis: Redis, prefix: string): Promise<void> {
@@ -95,14 +95,6 @@ describe.skipIf(!hasRedis)('redis restart (own redis-server, no persistence)', (
   let server: ChildProcess | undefined;
   let store: IdempotencyStore;
   const prefix = 'rs_restart:';
-
-  async function freePort(): Promise<number> {
-    const probe = net.createServer().listen(0, '127.0.0.1');
-    await new Promise((resolve) => probe.once('listening', resolve));
-    const { port } = probe.address() as net.AddressInfo;
-    await new Promise((resolve) => probe.close(resolve));
-    return port;
-  }
 
   async function startRedis(): Promise<void> {
     server = spawn(
