@@ -7,9 +7,8 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { freePort } from './support/free-port.js';
 
 /**
- * The quick starts (docs/quick-start.md, and the README's Express one) are these files: each
- * runs as a user would (`node examples/<x>/app.js`, importing `retrysafe/*` from dist/, built by
- * test/support/build.ts) and serves one replay.
+ * The README's quick starts are these files: each runs as a user would (`node examples/<x>/app.js`,
+ * importing `retrysafe/*` from dist/, built by test/support/build.ts) and serves one replay.
  */
 const root = join(import.meta.dirname, '..');
 const children: ChildProcess[] = [];

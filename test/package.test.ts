@@ -8,10 +8,10 @@ import { freePort } from './support/free-port.js';
 
 /**
  * The package as a user gets it: `npm pack`, then `npm install <tarball>` into fresh projects
- * (ES-module JavaScript, strict TypeScript with `nodenext`, CommonJS), where every quick start
- * (docs/quick-start.md) runs. The tarball's own dependencies install from the npm cache; the
- * frameworks, drivers and @types a user adds next to it are linked from this repository's
- * node_modules (better-sqlite3 builds natively, which an offline install cannot).
+ * (ES-module JavaScript, strict TypeScript with `nodenext`, CommonJS), where every README quick
+ * start runs. The tarball's own dependencies install from the npm cache; the frameworks, drivers
+ * and @types a user adds next to it are linked from this repository's node_modules (better-sqlite3
+ * builds natively, which an offline install cannot).
  */
 const root = join(import.meta.dirname, '..');
 const work = mkdtempSync(join(tmpdir(), 'retrysafe-package-'));

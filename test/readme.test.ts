@@ -26,43 +26,20 @@ function blocks(page: string, lang: string): string[] {
   );
 }
 
-/** A fenced js block holding examples/<framework>/app.js as it stands. */
-const appBlock = (framework: string) => `\`\`\`js\n${read(`examples/${framework}/app.js`).trimEnd()}\n\`\`\``;
-
-/** The anchor GitHub gives a heading: lower case, punctuation dropped, spaces as hyphens. */
-const anchorOf = (heading: string) =>
-  heading
-    .toLowerCase()
-    .replace(/[^\p{L}\p{N} _-]/gu, '')
-    .replace(/ /g, '-');
-
-describe('quick starts', () => {
+describe('README quick starts', () => {
   // The quick starts are the example apps the adapter tests start, and the packed-tarball test
-  // runs in fresh projects; this keeps the pages' copies identical to them.
-  const page = read('docs/quick-start.md');
-  const anchors = [...page.matchAll(/^## (.+)$/gm)].map((m) => anchorOf(m[1]!));
-
-  it.each(FRAMEWORKS)('docs/quick-start.md shows examples/%s/app.js verbatim', (framework) => {
-    expect(page).toContain(appBlock(framework));
+  // runs in fresh projects; this keeps the README's copies identical to them.
+  it.each(FRAMEWORKS)('shows examples/%s/app.js verbatim', (framework) => {
+    const source = read(`examples/${framework}/app.js`).trimEnd();
+    expect(readme).toContain(`\`\`\`js\n${source}\n\`\`\``);
   });
 
-  it('the README shows the Express one and links to a heading of every framework', () => {
-    expect(readme).toContain(appBlock('express'));
-    const linked = [...readme.matchAll(/\(docs\/quick-start\.md#([\w-]+)\)/g)].map((m) => m[1]!);
-    expect(anchors).toHaveLength(FRAMEWORKS.length);
-    expect(new Set(linked)).toEqual(new Set(anchors));
-  });
-});
-
-describe('README', () => {
   it('shows the two commands, an outcomes table and the way to the rest', () => {
     expect(readme).toContain('npm install && npm start');
     expect(readme).toContain('npm install && npm test');
     expect(readme).toMatch(/^\| situation \| answer \|$/m);
     expect(readme).toContain('(docs/reference.md)');
-    // The lead refreshes this section's figures after each full bench run.
-    expect(readme).toMatch(/^## Performance$/m);
-    expect(readme.split('\n').length).toBeLessThanOrEqual(200);
+    expect(readme.split('\n').length).toBeLessThanOrEqual(325);
   });
 });
 
