@@ -118,9 +118,8 @@ const stores: Array<{ name: string; skip: boolean; open(): Promise<OpenedStore> 
         async dump() {
           const parts: string[] = [];
           for (const key of await keys()) {
-            parts.push(key);
-            const fields = await admin.hgetallBuffer(key);
-            for (const [field, value] of Object.entries(fields)) parts.push(field, asText(value));
+            const value = await admin.getBuffer(key);
+            parts.push(key, value ? asText(value) : '');
           }
           return parts.join('\n');
         },

@@ -14,6 +14,14 @@ async function deleteKeys(redis: Redis, prefix: string): Promise<void> {
   }
 }
 
+const claimInput = (key: string): ClaimInput => ({
+  scope: 's',
+  key,
+  fingerprint: 'f',
+  leaseMs: 5000,
+  ttlMs: 60_000,
+});
+
 describe.skipIf(!hasRedis)('redis', () => {
   describeStoreConformance('redis', async () => {
     const prefix = `${uniqueName('rs_redis')}:`;
@@ -54,9 +62,9 @@ describe.skipIf(!hasRedis)('redis', () => {
         writes++;
         writev.apply(socket, args);
       };
-      const claim = (key: string) =>
-        store.claim({ scope: 's', key, fingerprint: 'f', leaseMs: 5000, ttlMs: 60_000 });
-      const claims = await Promise.all(Array.from({ length: 10 }, (_, i) => claim(`k${i}`)));
+      const claims = await Promise.all(
+        Array.from({ length: 10 }, (_, i) => store.claim(claimInput(`k${i}`))),
+      );
       expect(claims.map((c) => c.outcome)).toEqual(Array(10).fill('acquired'));
       expect(writes).toBe(1);
     } finally {
@@ -66,18 +74,156 @@ describe.skipIf(!hasRedis)('redis', () => {
     }
   });
 
+  it('claims a new key with one native SET … NX … GET, no script', async () => {
+    const prefix = `${uniqueName('rs_redis_native')}:`;
+    const client = new Redis(REDIS_URL);
+    const monitor = await new Redis(REDIS_URL).monitor();
+    const store = redisStore({ client, prefix });
+    try {
+      const seen: string[][] = [];
+      const marker = `${prefix}end`;
+      const sawMarker = new Promise<void>((resolve) =>
+        monitor.on('monitor', (_time: string, args: string[]) => {
+          if (args[1] === marker) resolve();
+          else if (args[1]?.startsWith(prefix) || args[0]?.toLowerCase().startsWith('eval')) seen.push(args);
+        }),
+      );
+      const claimed = await store.claim(claimInput('k'));
+      expect(claimed.outcome).toBe('acquired');
+      await client.get(marker);
+      await sawMarker;
+      expect(seen.map((args) => args.slice(0, 2).concat(args.slice(3)))).toEqual([
+        ['set', `${prefix}1:sk`, 'PX', '60000', 'NX', 'GET'],
+      ]);
+    } finally {
+      await store.close();
+      monitor.disconnect();
+      await deleteKeys(client, prefix);
+      await client.quit();
+    }
+  });
+
+  /**
+   * Release 0.1.0 kept a record as a hash (fields as written here); a key claimed or completed
+   * before an upgrade must still be honoured until its retention passes: never run again.
+   */
+  describe('records written by release 0.1.0 (hashes)', () => {
+    const prefix = `${uniqueName('rs_redis_v010')}:`;
+    let admin: Redis;
+    let store: IdempotencyStore;
+    const id = (key: string) => `${prefix}${'tenant'.length}:tenant${key}`;
+    const input = (key: string, fingerprint = 'fp'): ClaimInput => ({
+      scope: 'tenant',
+      key,
+      fingerprint,
+      leaseMs: 10_000,
+      ttlMs: 60_000,
+    });
+
+    async function redisNowMs(): Promise<number> {
+      const [seconds, micros] = await admin.time();
+      return Number(seconds) * 1000 + Math.floor(Number(micros) / 1000);
+    }
+
+    async function legacyInProgress(key: string, leaseLeftMs: number): Promise<void> {
+      const now = await redisNowMs();
+      await admin.hset(id(key), {
+        fingerprint: 'fp',
+        state: 'in_progress',
+        token: 'token-0.1.0',
+        lease_until_ms: String(now + leaseLeftMs),
+        created_at_ms: String(now - 1000),
+      });
+      await admin.pexpire(id(key), 60_000);
+    }
+
+    async function legacyCompleted(key: string): Promise<void> {
+      await legacyInProgress(key, 10_000);
+      await admin.hset(id(key), {
+        state: 'completed',
+        status: '201',
+        headers: JSON.stringify({ location: '/loans/7' }),
+        body: Buffer.from([0, 1, 0xff, 0x7b]),
+      });
+      await admin.hdel(id(key), 'lease_until_ms');
+    }
+
+    beforeAll(() => {
+      admin = new Redis(REDIS_URL);
+      store = redisStore({ url: REDIS_URL, prefix });
+    });
+
+    afterAll(async () => {
+      await store.close();
+      await deleteKeys(admin, prefix);
+      await admin.quit();
+    });
+
+    it('a completed record replays, answers mismatch to another body, and shows in get and list', async () => {
+      await legacyCompleted('done');
+      expect(await store.claim(input('done'))).toEqual({
+        outcome: 'replay',
+        response: { status: 201, headers: { location: '/loans/7' }, body: Buffer.from([0, 1, 0xff, 0x7b]) },
+      });
+      expect(await store.claim(input('done', 'other'))).toEqual({ outcome: 'mismatch' });
+      const summary = await store.get('tenant', 'done');
+      expect(summary).toMatchObject({ state: 'completed', status: 201, leaseUntilMs: null });
+      expect(summary!.expiresAtMs - summary!.createdAtMs).toBeCloseTo(61_000, -3);
+      const listed: string[] = [];
+      let after: string | undefined;
+      do {
+        const page = await store.list({ scope: 'tenant', limit: 50, after });
+        listed.push(...page.records.map((record) => record.key));
+        after = page.next ?? undefined;
+      } while (after);
+      expect(listed).toContain('done');
+    });
+
+    it('a record in progress stays in progress until its owner completes it; a wait then returns', async () => {
+      await legacyInProgress('running', 10_000);
+      const busy = await store.claim(input('running'));
+      expect(busy.outcome).toBe('in_progress');
+      if (busy.outcome === 'in_progress') expect(busy.retryAfterMs).toBeLessThanOrEqual(10_000);
+      expect(await store.claim(input('running', 'other'))).toEqual({ outcome: 'mismatch' });
+      expect(await store.get('tenant', 'running')).toMatchObject({ state: 'in_progress', status: null });
+      const events: string[] = [];
+      const waiting = store.wait('tenant', 'running', 120_000).then(() => events.push('woke'));
+      await sleep(200);
+      // What 0.1.0's complete did, for the owner still running it.
+      await admin.hset(id('running'), { state: 'completed', status: '200', headers: '{}', body: 'ok' });
+      await admin.hdel(id('running'), 'lease_until_ms');
+      events.push('completed');
+      await admin.publish(`${prefix}settled`, id('running'));
+      await waiting;
+      expect(events).toEqual(['completed', 'woke']);
+      expect(await store.claim(input('running'))).toMatchObject({
+        outcome: 'replay',
+        response: { status: 200 },
+      });
+    }, 15_000);
+
+    it('a record whose lease passed is taken over, and its 0.1.0 owner can no longer write', async () => {
+      await legacyInProgress('abandoned', -1);
+      const claimed = await store.claim(input('abandoned'));
+      if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+      expect((await store.claim(input('abandoned'))).outcome).toBe('in_progress');
+      // 0.1.0's scripts all start with HMGET: on the new record they fail, so they write nothing.
+      await expect(admin.hmget(id('abandoned'), 'token', 'state')).rejects.toThrow(/WRONGTYPE/);
+      const response = { status: 201, headers: {}, body: new TextEncoder().encode('new') };
+      expect(await store.complete('tenant', 'abandoned', claimed.token, response)).toBe(true);
+      expect(await store.claim(input('abandoned'))).toMatchObject({
+        outcome: 'replay',
+        response: { status: 201 },
+      });
+    });
+  });
+
   it('works on a client the caller owns and leaves it open', async () => {
     const prefix = `${uniqueName('rs_redis_own')}:`;
     const client = new Redis(REDIS_URL, { commandTimeout: 2000 });
     const store = redisStore({ client, prefix });
     try {
-      const claimed = await store.claim({
-        scope: 's',
-        key: 'k',
-        fingerprint: 'f',
-        leaseMs: 5000,
-        ttlMs: 60_000,
-      });
+      const claimed = await store.claim(claimInput('k'));
       expect(claimed.outcome).toBe('acquired');
       await store.close();
       expect(await client.exists(`${prefix}1:sk`)).toBe(1);

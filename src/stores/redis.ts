@@ -52,52 +52,92 @@ export interface RedisStoreOptions {
 const MS_NOW = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
-// KEYS[1] record; ARGV fingerprint, token, leaseMs, ttlMs. Retention is the key's own TTL; the
-// record outlives its lease (as in every store), so a live owner never reads as absent.
-const CLAIM_LUA = `${MS_NOW}
-local rec = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until_ms', 'status', 'headers', 'body')
-if rec[1] then
-  if rec[1] ~= ARGV[1] then return {'mismatch'} end
-  if rec[2] == 'completed' then return {'replay', rec[4], rec[5], rec[6]} end
-  local left = tonumber(rec[3]) - now
-  if left > 0 then return {'in_progress', left} end
+// Record format. A record is one string, so a claim is one native `SET … NX PX … GET`: it writes
+// a new key, or answers the record there without writing. Lines, then the raw bytes:
+//   in progress: P \n token \n leaseEndsBeforeExpiryMs \n createdBeforeExpiryMs \n fingerprint
+//   completed:   C \n createdBeforeExpiryMs \n status \n fingerprint's byte length \n headers JSON \n fingerprint body
+// Times count back from the key's own expiry, which Redis sets from its clock: the claim needs no
+// clock of ours, and lease and creation times stay Redis's ("now" from the database server).
+// Release 0.1.0 wrote hashes (fields fingerprint, state, token, lease_until_ms, created_at_ms,
+// status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
+// answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did.
+const LEGACY_HASH = `redis.call('TYPE', KEYS[1]).ok == 'hash'`;
+
+// KEYS[1] record; ARGV fingerprint, in-progress record, retainMs. The claim of a key that holds a
+// record in progress (its lease needs the key's TTL) or a 0.1.0 hash: what the native claim
+// cannot decide. Replies like the native claim ({'record', value}) or as 0.1.0 did.
+const CLAIM_HELD_LUA = `if ${LEGACY_HASH} then
+  ${MS_NOW}
+  local rec = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until_ms', 'status', 'headers', 'body')
+  if rec[1] then
+    if rec[1] ~= ARGV[1] then return {'mismatch'} end
+    if rec[2] == 'completed' then return {'replay', rec[4], rec[5], rec[6]} end
+    local left = tonumber(rec[3]) - now
+    if left > 0 then return {'in_progress', left} end
+  end
+  redis.call('DEL', KEYS[1])
+else
+  local value = redis.call('GET', KEYS[1])
+  if value and string.sub(value, 1, 1) == 'P' then
+    local leaseOffset, fingerprint = string.match(value, '^P\\n[^\\n]*\\n([^\\n]*)\\n[^\\n]*\\n(.*)$')
+    if fingerprint ~= ARGV[1] then return {'mismatch'} end
+    local left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
+    if left > 0 then return {'in_progress', left} end
+  elseif value then
+    return {'record', value}
+  end
 end
-local lease = tonumber(ARGV[3])
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'fingerprint', ARGV[1], 'state', 'in_progress', 'token', ARGV[2],
-  'lease_until_ms', string.format('%d', now + lease), 'created_at_ms', string.format('%d', now))
-redis.call('PEXPIRE', KEYS[1], math.max(lease, tonumber(ARGV[4])))
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {'acquired'}`;
 
-// KEYS[1] record; ARGV token, status, headers JSON, body, channel.
-const COMPLETE_LUA = `local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
-if rec[1] ~= ARGV[1] or rec[2] ~= 'in_progress' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'completed', 'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lease_until_ms')
+// The fields after an in-progress record's "P \n token \n": lease offset, creation offset, fingerprint.
+const IN_PROGRESS_REST = `'^([^\\n]*)\\n([^\\n]*)\\n(.*)$', #ARGV[1] + 1`;
+// Is KEYS[1] the record in progress that ARGV[1] ("P \n token \n") owns? Sets \`value\`.
+const OWNED = `local value = redis.pcall('GET', KEYS[1])
+if type(value) ~= 'string' or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then return 0 end`;
+
+// KEYS[1] record; ARGV owner prefix, status, headers JSON, body, channel. KEEPTTL: retention counts
+// from the claim.
+const COMPLETE_LUA = `${OWNED}
+local _, created, fingerprint = string.match(value, ${IN_PROGRESS_REST})
+redis.call('SET', KEYS[1], 'C\\n' .. created .. '\\n' .. ARGV[2] .. '\\n' .. #fingerprint .. '\\n' .. ARGV[3] .. '\\n' .. fingerprint .. ARGV[4], 'KEEPTTL')
 redis.call('PUBLISH', ARGV[5], KEYS[1])
 return 1`;
 
-// KEYS[1] record; ARGV token, channel.
-const RELEASE_LUA = `local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
-if rec[1] ~= ARGV[1] or rec[2] ~= 'in_progress' then return 0 end
+// KEYS[1] record; ARGV owner prefix, channel.
+const RELEASE_LUA = `${OWNED}
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], KEYS[1])
 return 1`;
 
-// KEYS[1] record; ARGV token, leaseMs. The key's TTL grows with the lease should the lease outlive it.
-const RENEW_LUA = `local rec = redis.call('HMGET', KEYS[1], 'token', 'state')
-if rec[1] ~= ARGV[1] or rec[2] ~= 'in_progress' then return 0 end
-${MS_NOW}
+// KEYS[1] record; ARGV owner prefix, leaseMs. The key's TTL grows with the lease should the lease
+// outlive it, and the offsets with it.
+const RENEW_LUA = `${OWNED}
+local _, created, fingerprint = string.match(value, ${IN_PROGRESS_REST})
 local lease = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'lease_until_ms', string.format('%d', now + lease))
-if redis.call('PTTL', KEYS[1]) < lease then redis.call('PEXPIRE', KEYS[1], lease) end
+local expiresIn = redis.call('PTTL', KEYS[1])
+local grown = 0
+if expiresIn < lease then
+  redis.call('PEXPIRE', KEYS[1], lease)
+  grown = lease - expiresIn
+  expiresIn = lease
+end
+redis.call('SET', KEYS[1], ARGV[1] .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint, 'KEEPTTL')
 return 1`;
 
 // KEYS[1] record. Ms left on a live lease, or -1 when the record is not in progress.
-const LEASE_LEFT_LUA = `local rec = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
-if rec[1] ~= 'in_progress' then return -1 end
-${MS_NOW}
-local left = tonumber(rec[2]) - now
+const LEASE_LEFT_LUA = `local left
+if ${LEGACY_HASH} then
+  local rec = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
+  if rec[1] ~= 'in_progress' then return -1 end
+  ${MS_NOW}
+  left = tonumber(rec[2]) - now
+else
+  local head = redis.call('GETRANGE', KEYS[1], 0, 79)
+  local leaseOffset = string.match(head, '^P\\n[^\\n]*\\n([^\\n]*)\\n')
+  if not leaseOffset then return -1 end
+  left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
+end
 if left <= 0 then return -1 end
 return left`;
 
@@ -106,11 +146,22 @@ return left`;
 const SUMMARIES_LUA = `${MS_NOW}
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('TYPE', key).ok == 'hash' then
+  local kind = redis.call('TYPE', key).ok
+  local expiresIn = redis.call('PTTL', key)
+  out[i] = {false}
+  if kind == 'hash' then
     local rec = redis.call('HMGET', key, 'state', 'status', 'lease_until_ms', 'created_at_ms')
-    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, redis.call('PTTL', key)}
-  else
-    out[i] = {false}
+    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresIn}
+  elseif kind == 'string' then
+    local head = redis.call('GETRANGE', key, 0, 79)
+    local leaseOffset, created = string.match(head, '^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n')
+    if leaseOffset then
+      local expiresAt = now + expiresIn
+      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn}
+    else
+      local created, status = string.match(head, '^C\\n([^\\n]*)\\n([^\\n]*)\\n')
+      if created then out[i] = {'completed', status, false, now + expiresIn - tonumber(created), expiresIn} end
+    end
   end
 end
 return {now, out}`;
@@ -123,13 +174,42 @@ return 1`;
 type SummaryReply = [number, [string | null, string | null, string | null, string | null, number][]];
 
 interface RetrysafeCommands {
-  retrysafeClaimBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
+  retrysafeClaimHeldBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
   retrysafeComplete(key: string, ...args: (string | number | Buffer)[]): Promise<number>;
   retrysafeRelease(key: string, ...args: string[]): Promise<number>;
-  retrysafeRenew(key: string, token: string, leaseMs: number): Promise<number>;
+  retrysafeRenew(key: string, owner: string, leaseMs: number): Promise<number>;
   retrysafeLeaseLeft(key: string): Promise<number>;
   retrysafeSummaries(numberOfKeys: number, ...keys: string[]): Promise<SummaryReply>;
   retrysafeDelete(key: string, channel: string): Promise<number>;
+}
+
+const NEWLINE = 0x0a;
+const IN_PROGRESS = 0x50; // 'P'
+
+/** The first byte of an in-progress record, through the newline after its token. */
+const ownerPrefix = (token: string) => `P\n${token}\n`;
+
+/** A string record's answer to a claim with `fingerprint`; `undefined` for a record in progress. */
+function answerOfRecord(value: Buffer, fingerprint: string): ClaimResult | undefined {
+  if (value[0] === IN_PROGRESS) {
+    let at = 0;
+    for (let line = 0; line < 4; line++) at = value.indexOf(NEWLINE, at) + 1;
+    return value.toString('utf8', at) === fingerprint ? undefined : { outcome: 'mismatch' };
+  }
+  const created = value.indexOf(NEWLINE, 2) + 1;
+  const length = value.indexOf(NEWLINE, created) + 1;
+  const headers = value.indexOf(NEWLINE, length) + 1;
+  const rest = value.indexOf(NEWLINE, headers) + 1;
+  const body = rest + Number(value.toString('latin1', length, headers - 1));
+  if (value.toString('utf8', rest, body) !== fingerprint) return { outcome: 'mismatch' };
+  return {
+    outcome: 'replay',
+    response: {
+      status: Number(value.toString('latin1', created, length - 1)),
+      headers: JSON.parse(value.toString('utf8', headers, rest - 1)),
+      body: value.subarray(body),
+    },
+  };
 }
 
 /**
@@ -191,9 +271,10 @@ function toBuffer(body: Uint8Array): Buffer {
 }
 
 /**
- * A store on Redis through `ioredis`: every step is one Lua script (atomic, one round trip, times
- * from `TIME` on the Redis server), fenced by the owner token; retention is the key's native TTL;
- * `wait` listens on one pub/sub connection per store, with polling as the fallback.
+ * A store on Redis (7.0 or later) through `ioredis`: a claim is one native `SET … NX … GET`, every
+ * other step one Lua script (atomic, one round trip, times from the Redis server's clock), fenced by
+ * the owner token; retention is the key's native TTL; `wait` listens on one pub/sub connection per
+ * store, with polling as the fallback. Records written by 0.1.0 (hashes) are read until they expire.
  *
  * Durability: Redis is a cache unless configured otherwise. A Redis without persistence (no AOF,
  * no RDB, as many deployments run it) forgets every key when it restarts, so a retry that arrives
@@ -218,6 +299,32 @@ const OPTION_NAMES = optionNames<RedisStoreOptions>({
   commandTimeoutMs: true,
   connectTimeoutMs: true,
 });
+
+/** CLAIM_HELD_LUA's reply as a claim's answer. */
+function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprint: string): ClaimResult {
+  const outcome = String(reply[0]);
+  switch (outcome) {
+    case 'acquired':
+      return { outcome: 'acquired', token };
+    case 'mismatch':
+      return { outcome: 'mismatch' };
+    case 'in_progress':
+      return { outcome: 'in_progress', retryAfterMs: Number(reply[1]) };
+    case 'record':
+      return answerOfRecord(reply[1] as Buffer, fingerprint)!;
+    case 'replay':
+      return {
+        outcome: 'replay',
+        response: {
+          status: Number(String(reply[1])),
+          headers: JSON.parse(String(reply[2])),
+          body: (reply[3] as Buffer | null) ?? Buffer.alloc(0),
+        },
+      };
+    default:
+      throw new RetrysafeError(`redisStore: unexpected claim reply ${outcome}`);
+  }
+}
 
 export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   const options = checkOptions('redisStore()', given, OPTION_NAMES);
@@ -260,7 +367,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   }
   // The request path's commands (claim, complete, release, renew) go out in per-turn batches.
   const batchWrites = writesPerTurn(client);
-  client.defineCommand('retrysafeClaim', { numberOfKeys: 1, lua: CLAIM_LUA });
+  client.defineCommand('retrysafeClaimHeld', { numberOfKeys: 1, lua: CLAIM_HELD_LUA });
   client.defineCommand('retrysafeComplete', { numberOfKeys: 1, lua: COMPLETE_LUA });
   client.defineCommand('retrysafeRelease', { numberOfKeys: 1, lua: RELEASE_LUA });
   client.defineCommand('retrysafeRenew', { numberOfKeys: 1, lua: RENEW_LUA });
@@ -318,33 +425,21 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       if (!everReady) await connected();
       batchWrites();
       const token = newToken();
-      const reply = await commands.retrysafeClaimBuffer(
-        redisKey(input.scope, input.key),
-        input.fingerprint,
-        token,
-        input.leaseMs,
-        input.ttlMs,
-      );
-      const outcome = String(reply[0]);
-      switch (outcome) {
-        case 'acquired':
-          return { outcome: 'acquired', token };
-        case 'mismatch':
-          return { outcome: 'mismatch' };
-        case 'in_progress':
-          return { outcome: 'in_progress', retryAfterMs: Number(reply[1]) };
-        case 'replay':
-          return {
-            outcome: 'replay',
-            response: {
-              status: Number(String(reply[1])),
-              headers: JSON.parse(String(reply[2])),
-              body: (reply[3] as Buffer | null) ?? Buffer.alloc(0),
-            },
-          };
-        default:
-          throw new RetrysafeError(`redisStore: unexpected claim reply ${outcome}`);
+      const id = redisKey(input.scope, input.key);
+      const retainMs = Math.max(input.leaseMs, input.ttlMs);
+      const record = `${ownerPrefix(token)}${retainMs - input.leaseMs}\n${retainMs}\n${input.fingerprint}`;
+      let found: Buffer | null | undefined;
+      try {
+        found = await client.setBuffer(id, record, 'PX', retainMs, 'NX', 'GET');
+      } catch (error) {
+        // A 0.1.0 hash: CLAIM_HELD_LUA reads it.
+        if (!(error instanceof Error && error.message.startsWith('WRONGTYPE'))) throw error;
       }
+      if (found === null) return { outcome: 'acquired', token };
+      const answer = found && answerOfRecord(found, input.fingerprint);
+      if (answer) return answer;
+      const reply = await commands.retrysafeClaimHeldBuffer(id, input.fingerprint, record, retainMs);
+      return heldAnswer(reply, token, input.fingerprint);
     },
 
     async complete(scope, key, token, response: StoredResponse) {
@@ -352,7 +447,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       batchWrites();
       const done = await commands.retrysafeComplete(
         redisKey(scope, key),
-        token,
+        ownerPrefix(token),
         response.status,
         JSON.stringify(response.headers),
         toBuffer(response.body),
@@ -364,13 +459,13 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     async release(scope, key, token) {
       if (!everReady) await connected();
       batchWrites();
-      return (await commands.retrysafeRelease(redisKey(scope, key), token, channel)) === 1;
+      return (await commands.retrysafeRelease(redisKey(scope, key), ownerPrefix(token), channel)) === 1;
     },
 
     async renew(scope, key, token, leaseMs) {
       if (!everReady) await connected();
       batchWrites();
-      return (await commands.retrysafeRenew(redisKey(scope, key), token, leaseMs)) === 1;
+      return (await commands.retrysafeRenew(redisKey(scope, key), ownerPrefix(token), leaseMs)) === 1;
     },
 
     async wait(scope, key, timeoutMs) {
