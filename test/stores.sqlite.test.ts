@@ -144,6 +144,36 @@ describe('sqliteStore transactions', () => {
   });
 });
 
+describe('sqliteStore atomic request path', () => {
+  it('a fresh key runs one read, the claim, the work, the completion and the commit; only the BEGIN is parsed', async () => {
+    const statements: string[] = [];
+    const database = new Database(tempFile(), { verbose: (sql) => statements.push(String(sql).trim()) });
+    const store = sqliteStore({ database });
+    let parsed = 0;
+    const exec = database.exec.bind(database);
+    database.exec = (sql: string) => {
+      parsed++;
+      return exec(sql);
+    };
+    statements.length = 0;
+    const result = await store.atomic(input(), async () => ({ response, commit: true }));
+    expect(result).toMatchObject({ outcome: 'executed', committed: true });
+    expect(statements.map((sql) => sql.split(/\s+/)[0])).toEqual([
+      'SELECT', // a completed record would be answered without the write lock
+      'PRAGMA', // busy_timeout = 0, BEGIN IMMEDIATE, busy_timeout back: one exec
+      'BEGIN',
+      'PRAGMA',
+      'INSERT', // the claim
+      'UPDATE', // the completion
+      'COMMIT',
+    ]);
+    // SQLite applies busy_timeout when it prepares the PRAGMA, so the BEGIN's exec is parsed each time.
+    expect(parsed).toBe(1);
+    await store.close();
+    database.close();
+  });
+});
+
 describe('sqliteStore setup', () => {
   it('opens its file in WAL mode with a table keyed by (scope, key) and an index on expires_at_ms', async () => {
     const store = sqliteStore({ filename: tempFile() });
