@@ -62,11 +62,20 @@ const FLOOR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../ser
 /** The hand-written floor of each loan desk variant that has one (bench/servers/floor.js). */
 export const FLOOR_OF = { 'sqlite-atomic': 'sqlite', 'postgres-atomic': 'postgres', redis: 'redis' };
 
-/** Starts a floor server (`sqlite`, `postgres`, `redis` or `cheapest`) on its own fresh database. */
+/**
+ * The floor with the structure a library must have, where it differs from the one above: the
+ * handler's statement runs between the claim and the saved response.
+ */
+export const STRUCTURAL_FLOOR_OF = { 'postgres-atomic': 'postgres-3rt' };
+
+/**
+ * Starts a floor server (`sqlite`, `postgres`, `postgres-3rt`, `redis` or `cheapest`) on its own
+ * fresh database.
+ */
 export async function startFloor(ctx, floor, { execArgv = [] } = {}) {
-  const name = `floor_${floor}`;
+  const name = `floor_${floor}`.replaceAll('-', '_');
   const env = { FLOOR: floor, REDIS_URL };
-  if (floor === 'postgres') env.DATABASE_URL = await pgSchemaUrl(`${ctx.runId}_${name}`);
+  if (floor.startsWith('postgres')) env.DATABASE_URL = await pgSchemaUrl(`${ctx.runId}_${name}`);
   else env.DATABASE_URL = path.join(ctx.tmpDir, `${name}.db`);
   return startServer(FLOOR, { env, execArgv });
 }

@@ -39,6 +39,17 @@ export function target(name, value, op, goal) {
   return { name, value: Number.isFinite(value) ? Number(value.toFixed(3)) : null, op, target: goal, met };
 }
 
+/** A figure listed with the targets for context, with no goal of its own. */
+export function informational(name, value) {
+  return {
+    name,
+    value: Number.isFinite(value) ? Number(value.toFixed(3)) : null,
+    op: null,
+    target: null,
+    met: null,
+  };
+}
+
 export const round2 = (value) => (Number.isFinite(value) ? Number(value.toFixed(2)) : null);
 
 /**

@@ -28,7 +28,11 @@ export function markdown(results) {
     out.push(
       table({
         columns: ['figure', 'measured', 'target', 'met'],
-        rows: targets.map((t) => [t.name, t.value, `${t.op} ${t.target}`, t.met ? 'yes' : '**no**']),
+        rows: targets.map((t) =>
+          t.op === null
+            ? [t.name, t.value, 'informational', '—']
+            : [t.name, t.value, `${t.op} ${t.target}`, t.met ? 'yes' : '**no**'],
+        ),
       }),
       '',
     );

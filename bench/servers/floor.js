@@ -3,6 +3,7 @@
 // limit" means in the benchmark report. FLOOR picks one:
 //   sqlite    one BEGIN IMMEDIATE: claim, loan, stored response, COMMIT (cached statements)
 //   postgres  one statement: claim with the response, the loan, in one round trip; a read to replay
+//   postgres-3rt  a library's structure: BEGIN + claim, the handler's loan, response + COMMIT (3 trips)
 //   redis     SET NX PX claim, the loan (SQLite data, as the desk's Redis variant), SET the response
 //   cheapest  a keyless POST that reads the body and answers a constant 201
 // DATABASE_URL names the SQLite file or the PostgreSQL URL (`?schema=`); REDIS_URL the Redis server.
@@ -107,11 +108,15 @@ function sqliteFloor(filename) {
   };
 }
 
-async function postgresFloor(databaseUrl) {
+/**
+ * The loan desk's PostgreSQL tables (no foreign keys: the floors check both references themselves)
+ * and the read that answers a key already taken: a replay, a conflict, or busy.
+ */
+async function postgresDatabase(databaseUrl, poolOptions = {}) {
   const url = new URL(databaseUrl);
   const schema = url.searchParams.get('schema') ?? 'public';
   url.searchParams.delete('schema');
-  const pool = new pg.Pool({ connectionString: url.toString(), max: 10 });
+  const pool = new pg.Pool({ connectionString: url.toString(), max: 10, ...poolOptions });
   const s = `"${schema}"`;
   await pool.query(`
     CREATE TABLE IF NOT EXISTS ${s}.book (isbn text PRIMARY KEY, title text NOT NULL, author text NOT NULL);
@@ -130,6 +135,23 @@ async function postgresFloor(databaseUrl) {
   for (const row of MEMBERS) {
     await pool.query(`INSERT INTO ${s}.member VALUES ($1, $2) ON CONFLICT DO NOTHING`, [row.id, row.name]);
   }
+  const EXISTING = {
+    name: 'floor_existing',
+    text: `SELECT fp, status, body, location FROM ${s}.idem WHERE scope = $1 AND key = $2 AND expires > now()`,
+  };
+  // A key's row holds its response from the moment it is visible: claim and response commit together.
+  const answerTaken = async (res, scope, key, fp) => {
+    const found = (await pool.query({ ...EXISTING, values: [scope, key] })).rows[0];
+    // Expired and not yet purged: the bench never sends a key that old, so a floor need not renew it.
+    if (!found) return busy(res);
+    if (found.fp !== fp) return conflict(res);
+    sendStored(res, found, true);
+  };
+  return { pool, s, answerTaken };
+}
+
+async function postgresFloor(databaseUrl) {
+  const { pool, s, answerTaken } = await postgresDatabase(databaseUrl);
   // One statement is one transaction: the loan id is drawn first, so the claim row is inserted with
   // its final response, and the loan is inserted only when that claim went in. A concurrent
   // duplicate's ON CONFLICT waits for this statement to commit, then inserts nothing.
@@ -156,21 +178,67 @@ async function postgresFloor(databaseUrl) {
                   SELECT answer.id, $4, $5, $6 FROM answer, claim WHERE claim.status = 201)
     SELECT status, body, location FROM claim`,
   };
-  const EXISTING = {
-    name: 'floor_existing',
-    text: `SELECT fp, status, body, location FROM ${s}.idem WHERE scope = $1 AND key = $2 AND expires > now()`,
-  };
   return async (res, scope, key, fp, loan) => {
     const { rows } = await pool.query({
       ...LEND,
       values: [scope, key, fp, loan.member, loan.isbn, loan.issuedAt],
     });
     if (rows.length === 1) return sendStored(res, rows[0], false);
-    const found = (await pool.query({ ...EXISTING, values: [scope, key] })).rows[0];
-    // Expired and not yet purged: the bench never sends a key that old, so the floor need not renew it.
-    if (!found) return busy(res);
-    if (found.fp !== fp) return conflict(res);
-    sendStored(res, found, true);
+    await answerTaken(res, scope, key, fp);
+  };
+}
+
+/**
+ * The structure a library must have, in the fewest round trips `pg` allows (pipeline mode sends a
+ * query without waiting for the one before): BEGIN with the claim; the loan, as the handler's own
+ * statement; the stored response with COMMIT. A concurrent duplicate's claim waits on the primary
+ * key until this transaction ends, then inserts nothing and reads the committed response.
+ */
+async function postgresThreeTripFloor(databaseUrl) {
+  const { pool, s, answerTaken } = await postgresDatabase(databaseUrl, { pipeline: true });
+  const CLAIM = {
+    name: 'floor3_claim',
+    text: `INSERT INTO ${s}.idem (scope, key, fp, expires) VALUES ($1, $2, $3, now() + interval '24 hours')
+      ON CONFLICT (scope, key) DO NOTHING`,
+  };
+  // The handler's statement: both references checked, and the loan only when both exist.
+  const LEND = {
+    name: 'floor3_lend',
+    text: `WITH refs AS (SELECT EXISTS (SELECT 1 FROM ${s}.book WHERE isbn = $2) AS book,
+                              EXISTS (SELECT 1 FROM ${s}.member WHERE id = $1) AS member),
+      loan AS (INSERT INTO ${s}.loan (member, isbn, "issuedAt") SELECT $1, $2, $3 FROM refs
+               WHERE book AND member RETURNING id, member, isbn, "issuedAt")
+    SELECT book, member, (SELECT row_to_json(loan) FROM loan) AS loan FROM refs`,
+  };
+  const SAVE = {
+    name: 'floor3_save',
+    text: `UPDATE ${s}.idem SET status = $3, body = $4, location = $5 WHERE scope = $1 AND key = $2`,
+  };
+  return async (res, scope, key, fp, loan) => {
+    const client = await pool.connect();
+    let answer;
+    try {
+      const [, claim] = await Promise.all([
+        client.query('BEGIN'),
+        client.query({ ...CLAIM, values: [scope, key, fp] }),
+      ]);
+      if (claim.rowCount === 1) {
+        const [row] = (await client.query({ ...LEND, values: [loan.member, loan.isbn, loan.issuedAt] })).rows;
+        if (!row.book) answer = missingAnswer('isbn', loan);
+        else if (!row.member) answer = missingAnswer('member', loan);
+        else answer = loanAnswer(row.loan);
+        await Promise.all([
+          client.query({ ...SAVE, values: [scope, key, answer.status, answer.body, answer.location] }),
+          client.query('COMMIT'),
+        ]);
+      } else await client.query('ROLLBACK');
+      client.release();
+    } catch (error) {
+      client.release(error);
+      throw error;
+    }
+    if (answer) return sendStored(res, answer, false);
+    await answerTaken(res, scope, key, fp);
   };
 }
 
@@ -206,9 +274,10 @@ const databaseUrl = process.env.DATABASE_URL;
 let guarded;
 if (floor === 'sqlite') guarded = sqliteFloor(databaseUrl);
 else if (floor === 'postgres') guarded = await postgresFloor(databaseUrl);
+else if (floor === 'postgres-3rt') guarded = await postgresThreeTripFloor(databaseUrl);
 else if (floor === 'redis') guarded = redisFloor(databaseUrl, process.env.REDIS_URL);
 else if (floor !== 'cheapest')
-  throw new Error(`FLOOR must be sqlite, postgres, redis or cheapest; got ${floor}`);
+  throw new Error(`FLOOR must be sqlite, postgres, postgres-3rt, redis or cheapest; got ${floor}`);
 
 const server = http.createServer(async (req, res) => {
   if (req.method !== 'POST' || req.url !== '/loans') return send(res, 404, '{"error":"path_not_found"}');

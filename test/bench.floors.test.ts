@@ -1,0 +1,56 @@
+import { join } from 'node:path';
+import pg from 'pg';
+import { afterAll, describe, expect, it } from 'vitest';
+import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
+
+// The PostgreSQL floors of the bench (bench/servers/floor.js) are what "close to the limit" means
+// in its report, so they must give the guarantee the loan desk gives: one loan per key, the same
+// answer to every duplicate, a 409 for another body under the key.
+const FLOOR = join(import.meta.dirname, '..', 'bench', 'servers', 'floor.js');
+const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
+const DUPLICATES = 20;
+
+describe.skipIf(!hasPostgres).each(['postgres', 'postgres-3rt'])('bench floor FLOOR=%s', (floor) => {
+  const schema = uniqueName('rs_floor');
+  let server: { url: string; stop(): Promise<void> } | undefined;
+
+  afterAll(async () => {
+    await server?.stop();
+    await dropSchemas(schema);
+  });
+
+  const post = async (key: string, body: object) => {
+    const response = await fetch(`${server!.url}/loans`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key },
+      body: JSON.stringify(body),
+    });
+    return { status: response.status, body: await response.text() };
+  };
+
+  it('lends once for concurrent duplicates and answers each with the same response', async () => {
+    const admin = new pg.Client({ connectionString: PG_URL });
+    await admin.connect();
+    try {
+      await admin.query(`CREATE SCHEMA "${schema}"`);
+      const { startServer } = await import('../bench/lib/proc.js');
+      const url = new URL(PG_URL);
+      url.searchParams.set('schema', schema);
+      server = await startServer(FLOOR, { env: { FLOOR: floor, DATABASE_URL: url.toString() } });
+
+      const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post('same-key', LOAN)));
+      expect(new Set(answers.map((answer) => `${answer.status} ${answer.body}`)).size).toBe(1);
+      expect(answers[0]!.status).toBe(201);
+      const loans = await admin.query(`SELECT count(*)::int AS n FROM "${schema}".loan`);
+      expect(loans.rows[0].n).toBe(1);
+
+      expect((await post('same-key', { ...LOAN, isbn: 'K-02' })).status).toBe(409);
+      const missing = await post('other-key', { ...LOAN, member: 'U-0000' });
+      expect(missing.status).toBe(422);
+      expect(await post('other-key', { ...LOAN, member: 'U-0000' })).toEqual(missing);
+      expect((await admin.query(`SELECT count(*)::int AS n FROM "${schema}".loan`)).rows[0].n).toBe(1);
+    } finally {
+      await admin.end();
+    }
+  });
+});
