@@ -184,6 +184,32 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       expect(again.outcome === 'replay' && new TextDecoder().decode(again.response.body)).toBe('one');
     });
 
+    // No one can wait on such a record: no other transaction ever sees it in progress. And a
+    // NOTIFY takes a database-wide lock at commit that serialises every notifying commit.
+    it('commits without a notification, unlike a lease-mode completion', async () => {
+      const channel = `retrysafe_${createHash('sha1').update(`"${schema}"."idempotency_keys"`).digest('hex').slice(0, 12)}`;
+      const listener = new pg.Client({ connectionString: PG_URL });
+      await listener.connect();
+      try {
+        const first = new Promise<string | undefined>((resolve) =>
+          listener.once('notification', (message) => resolve(message.payload)),
+        );
+        await listener.query(`LISTEN "${channel}"`);
+        const atomic = await store.atomic(input('quiet'), async (tx) => {
+          await tx.query(`INSERT INTO "${schema}".effect VALUES ('quiet')`);
+          return { response: response('quiet'), commit: true };
+        });
+        expect(atomic).toMatchObject({ outcome: 'executed', committed: true });
+        const claimed = await store.claim(input('loud'));
+        if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+        await store.complete('s', 'loud', claimed.token, response('loud'));
+        // Notifications arrive in commit order: the atomic one, had it been sent, would come first.
+        expect(await first).toBe(createHash('sha1').update('s').update('\0').update('loud').digest('base64'));
+      } finally {
+        await listener.end();
+      }
+    });
+
     it('a concurrent duplicate blocks until the first commits, then replays', async () => {
       const { promise: gate, resolve: release } = signal();
       const { promise: inside, resolve: entered } = signal();
