@@ -47,18 +47,22 @@ export async function openPostgres({ url, schema, setup }) {
 
   const LOAN_COLUMNS = 'id, member, isbn, "issuedAt", "return"';
   // One statement checks both references and inserts, so a keyless loan needs no transaction.
-  const LEND = `
+  // Named, so each connection parses and plans it once rather than on every loan.
+  const LEND = {
+    name: 'library_loans_lend',
+    text: `
     WITH b AS (SELECT 1 FROM ${s}.book WHERE isbn = $2),
          m AS (SELECT 1 FROM ${s}.member WHERE id = $1),
          l AS (INSERT INTO ${s}.loan (member, isbn, "issuedAt")
                SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM b) AND EXISTS (SELECT 1 FROM m)
                RETURNING ${LOAN_COLUMNS})
-    SELECT EXISTS (SELECT 1 FROM b) AS book, EXISTS (SELECT 1 FROM m) AS member, (SELECT row_to_json(l) FROM l) AS loan`;
+    SELECT EXISTS (SELECT 1 FROM b) AS book, EXISTS (SELECT 1 FROM m) AS member, (SELECT row_to_json(l) FROM l) AS loan`,
+  };
 
   return {
     store,
     async createLoan(loan, tx) {
-      const { rows } = await (tx ?? pool).query(LEND, [loan.member, loan.isbn, loan.issuedAt]);
+      const { rows } = await (tx ?? pool).query({ ...LEND, values: [loan.member, loan.isbn, loan.issuedAt] });
       const [row] = rows;
       if (!row.book) return { missing: 'isbn' };
       if (!row.member) return { missing: 'member' };
