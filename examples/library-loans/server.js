@@ -22,11 +22,18 @@ async function serve(config, { setup }) {
 
 /**
  * The primary of `WORKERS=N`: creates the schema and catalog once, then forks N workers that share
- * the port (node:cluster hands them the connections) and the database, and adds up their metrics
- * for `GET /metrics`. A worker that dies after the desk is up is replaced; one that dies during
- * start stops the desk, as it would die again.
+ * the port and the database, and adds up their metrics for `GET /metrics`. A worker that dies after
+ * the desk is up is replaced; one that dies during start stops the desk, as it would die again.
+ *
+ * The workers accept connections themselves from the one listening socket (`SCHED_NONE`), so a
+ * connection waits in the kernel's queue until a live worker takes it. With node:cluster's default
+ * on Linux (`SCHED_RR`) the primary accepts and hands each connection to a worker; one handed to a
+ * worker killed before the primary saw it die stays open in the primary, unanswered, for good
+ * (`test/e2e.loan-desk-worker-death.test.ts`). NODE_CLUSTER_SCHED_POLICY=rr brings the round robin
+ * back, for whoever prefers its even spread of connections to that risk.
  */
 async function supervise(config) {
+  if (!process.env.NODE_CLUSTER_SCHED_POLICY) cluster.schedulingPolicy = cluster.SCHED_NONE;
   const database = await openDatabase(config, { setup: true });
   await database.close();
   if (config.keys.kind === 'memory') {

@@ -1,0 +1,90 @@
+import { readFileSync } from 'node:fs';
+import { describe, expect, it, vi } from 'vitest';
+import { type LoanDesk, startLoanDesk } from './support/loan-desk.js';
+
+/**
+ * `WORKERS=2` desks whose workers are killed with SIGKILL: the requests that arrive meanwhile are
+ * answered by the other worker, none waits for the dead one, and the dead one is replaced. With
+ * node:cluster's round-robin scheduling the primary hands a connection to a worker that died
+ * before the primary saw it die, and keeps that connection open, unanswered, for good.
+ */
+
+/** Long enough for a loaded machine to answer `GET /books`; far shorter than forever. */
+const ANSWER_TIMEOUT_MS = 5000;
+const WAIT = { timeout: 15_000, interval: 20 };
+
+/** The pids of the workers that said they serve, in the order they said it. */
+const servingWorkers = (desk: LoanDesk) =>
+  [...desk.output().matchAll(/^worker (\d+) serving/gm)].map((match) => Number(match[1]));
+
+/** The state letter of /proc/<pid>/stat: R, S, T (stopped), Z (dead, not yet reaped)… */
+const processState = (pid: number) => /^\d+ \(.*\) (\S)/s.exec(readFileSync(`/proc/${pid}/stat`, 'utf8'))![1];
+
+/** `GET /books` on a new connection: its status, or the name of the error that ended it. */
+async function getBooks(desk: LoanDesk): Promise<number | string> {
+  try {
+    const response = await fetch(`${desk.baseUrl}/books`, {
+      headers: { connection: 'close' },
+      signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS),
+    });
+    await response.text();
+    return response.status;
+  } catch (error) {
+    return (error as Error).name;
+  }
+}
+
+const fourRequests = (desk: LoanDesk) => Promise.all(Array.from({ length: 4 }, () => getBooks(desk)));
+
+/** Waits until a worker other than the `known` ones serves, and returns the pids serving now. */
+async function replaced(desk: LoanDesk, known: number[], dead: number[]): Promise<number[]> {
+  await vi.waitFor(
+    () => expect(servingWorkers(desk).filter((pid) => !known.includes(pid))).not.toEqual([]),
+    WAIT,
+  );
+  return servingWorkers(desk).filter((pid) => !dead.includes(pid));
+}
+
+describe('loan desk with WORKERS=2 when a worker dies', () => {
+  it('a worker stopped, then killed, while connections arrive: the other answers them all, and a new worker is forked', async () => {
+    const desk = await startLoanDesk({ workers: 2 });
+    try {
+      await vi.waitFor(() => expect(servingWorkers(desk)).toHaveLength(2), WAIT);
+      const [victim] = servingWorkers(desk) as [number, number];
+      // Stopped first, the worker takes what is handed to it and never answers: the race of a
+      // connection handed over while the worker dies, made certain.
+      process.kill(victim, 'SIGSTOP');
+      await vi.waitFor(() => expect(processState(victim)).toBe('T'), WAIT);
+      let settled = 0;
+      const answers = Array.from({ length: 4 }, () => getBooks(desk).finally(() => settled++));
+      await vi.waitFor(() => expect(settled).toBeGreaterThanOrEqual(3), WAIT);
+      process.kill(victim, 'SIGKILL');
+      expect(await Promise.all(answers)).toEqual([200, 200, 200, 200]);
+
+      const workers = await replaced(desk, servingWorkers(desk), [victim]);
+      expect(workers).toHaveLength(2);
+      expect(desk.output()).toContain(`worker ${victim} died (SIGKILL); starting another`);
+      expect(await fourRequests(desk)).toEqual([200, 200, 200, 200]);
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  }, 40_000);
+
+  it('kill -9 of a worker, then requests at once, three times: every one answered, every worker replaced', async () => {
+    const desk = await startLoanDesk({ workers: 2 });
+    try {
+      await vi.waitFor(() => expect(servingWorkers(desk)).toHaveLength(2), WAIT);
+      const dead: number[] = [];
+      for (let attempt = 0; attempt < 3; attempt++) {
+        const known = servingWorkers(desk);
+        const victim = known.find((pid) => !dead.includes(pid))!;
+        process.kill(victim, 'SIGKILL');
+        dead.push(victim);
+        expect(await fourRequests(desk)).toEqual([200, 200, 200, 200]);
+        expect(await replaced(desk, known, dead)).toHaveLength(2);
+      }
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  }, 60_000);
+});
