@@ -1,4 +1,5 @@
 import { readFileSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
 import { type LoanDesk, startLoanDesk } from './support/loan-desk.js';
 
@@ -87,4 +88,88 @@ describe('loan desk with WORKERS=2 when a worker dies', () => {
       expect(await desk.stop()).toBe(0);
     }
   }, 60_000);
+});
+
+/** `GET /metrics` on a new connection: its status and text, or the name of the error that ended it. */
+async function scrape(desk: LoanDesk): Promise<{ status: number | string; text?: string }> {
+  try {
+    const response = await fetch(`${desk.baseUrl}/metrics`, {
+      headers: { connection: 'close' },
+      signal: AbortSignal.timeout(15_000),
+    });
+    return { status: response.status, text: await response.text() };
+  } catch (error) {
+    return { status: (error as Error).name };
+  }
+}
+
+/** The workers whose process metrics a scrape shows, by cluster id. */
+const scrapedWorkers = (text = '') =>
+  [...text.matchAll(/^process_resident_memory_bytes\{worker="(\d+)"\}/gm)].map((match) => match[1]);
+
+/** SIGCONT to a process stopped by a test, unless a failure has ended it already. */
+function resume(pid: number): void {
+  try {
+    process.kill(pid, 'SIGCONT');
+  } catch {
+    // Gone: the failure is reported by the assertion that saw it.
+  }
+}
+
+/**
+ * Time for a request to travel from the test to a worker and on to the primary over IPC; the
+ * tests below hold the primary or a worker at that point. Were it too short on a slow machine,
+ * the test would pass without reaching the race it sets up, never fail for it.
+ */
+const IPC_HOP_MS = 1000;
+
+describe('loan desk /metrics with WORKERS=2 when a worker dies', () => {
+  it('a scrape waiting for a worker that is then killed answers with the live worker at once', async () => {
+    const desk = await startLoanDesk({ workers: 2 });
+    try {
+      await vi.waitFor(() => expect(servingWorkers(desk)).toHaveLength(2), WAIT);
+      const [victim] = servingWorkers(desk) as [number, number];
+      // Stopped, the worker neither accepts the scrape nor answers the primary's question for it.
+      process.kill(victim, 'SIGSTOP');
+      await vi.waitFor(() => expect(processState(victim)).toBe('T'), WAIT);
+      const scraped = scrape(desk);
+      await sleep(IPC_HOP_MS);
+      process.kill(victim, 'SIGKILL');
+      const { status, text } = await scraped;
+      expect(status).toBe(200);
+      expect(scrapedWorkers(text)).toHaveLength(1);
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  }, 40_000);
+
+  it('a scrape the primary reads after a worker died, before it saw the death: answered, and the desk lives on', async () => {
+    const desk = await startLoanDesk({ workers: 2 });
+    try {
+      await vi.waitFor(() => expect(servingWorkers(desk)).toHaveLength(2), WAIT);
+      const workers = servingWorkers(desk);
+      const victim = workers[0]!;
+      process.kill(desk.pid, 'SIGSTOP');
+      process.kill(victim, 'SIGSTOP');
+      await vi.waitFor(
+        () => expect([processState(desk.pid), processState(victim)]).toEqual(['T', 'T']),
+        WAIT,
+      );
+      // The other worker takes the scrape and asks the stopped primary; then the victim dies, its
+      // end of the IPC channel closed before the primary reads the question.
+      const scraped = scrape(desk);
+      await sleep(IPC_HOP_MS);
+      process.kill(victim, 'SIGKILL');
+      await vi.waitFor(() => expect(processState(victim)).toBe('Z'), WAIT);
+      process.kill(desk.pid, 'SIGCONT');
+      const { status, text } = await scraped;
+      expect(status).toBe(200);
+      expect(scrapedWorkers(text)).toHaveLength(1);
+      expect(await replaced(desk, workers, [victim])).toHaveLength(2);
+      expect((await scrape(desk)).status).toBe(200);
+    } finally {
+      resume(desk.pid);
+      expect(await desk.stop()).toBe(0);
+    }
+  }, 40_000);
 });
