@@ -197,6 +197,7 @@ export async function startLoanDesk(config, { setup }) {
   return {
     url: deskUrl(config.host, port),
     port,
+    server,
     database,
     store,
     async close() {

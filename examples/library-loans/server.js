@@ -3,6 +3,7 @@ import cluster from 'node:cluster';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
+import { rescueLostConnections, takeLostConnections } from './lost-connections.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
 /** How long a stopping process lets requests in flight finish before it exits anyway. */
@@ -10,8 +11,10 @@ const SHUTDOWN_GRACE_MS = 10_000;
 
 async function serve(config, { setup }) {
   const desk = await startLoanDesk(config, { setup });
-  if (cluster.isWorker) console.log(`worker ${process.pid} serving ${desk.url}`);
-  else console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
+  if (cluster.isWorker) {
+    takeLostConnections(desk.server);
+    console.log(`worker ${process.pid} serving ${desk.url}`);
+  } else console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
   const stop = () => {
     setTimeout(() => process.exit(1), SHUTDOWN_GRACE_MS).unref();
     desk.close().then(() => process.exit(0));
@@ -22,18 +25,12 @@ async function serve(config, { setup }) {
 
 /**
  * The primary of `WORKERS=N`: creates the schema and catalog once, then forks N workers that share
- * the port and the database, and adds up their metrics for `GET /metrics`. A worker that dies after
- * the desk is up is replaced; one that dies during start stops the desk, as it would die again.
- *
- * The workers accept connections themselves from the one listening socket (`SCHED_NONE`), so a
- * connection waits in the kernel's queue until a live worker takes it. With node:cluster's default
- * on Linux (`SCHED_RR`) the primary accepts and hands each connection to a worker; one handed to a
- * worker killed before the primary saw it die stays open in the primary, unanswered, for good
- * (`test/e2e.loan-desk-worker-death.test.ts`). NODE_CLUSTER_SCHED_POLICY=rr brings the round robin
- * back, for whoever prefers its even spread of connections to that risk.
+ * the port (node:cluster hands them the connections) and the database, and adds up their metrics
+ * for `GET /metrics`. A worker that dies after the desk is up is replaced, and a connection handed
+ * to it that it never took is served by another (`rescueLostConnections`); one that dies during
+ * start stops the desk, as it would die again.
  */
 async function supervise(config) {
-  if (!process.env.NODE_CLUSTER_SCHED_POLICY) cluster.schedulingPolicy = cluster.SCHED_NONE;
   const database = await openDatabase(config, { setup: true });
   await database.close();
   if (config.keys.kind === 'memory') {
@@ -42,6 +39,7 @@ async function supervise(config) {
     );
   }
   aggregateWorkerMetrics();
+  rescueLostConnections();
   let ready = false;
   let stopping = false;
   let listening = 0;
