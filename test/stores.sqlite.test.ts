@@ -1,3 +1,4 @@
+import { executionAsyncId } from 'node:async_hooks';
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -141,6 +142,20 @@ describe('sqliteStore transactions', () => {
       return { response, commit: false };
     });
     expect((await store.claim(inner)).outcome).toBe('acquired');
+  });
+
+  // On Node 20 an AsyncLocalStorage in use runs async hooks for every promise and native handle of
+  // the process, which every request of a service on this store then pays for.
+  it('leaves no async hook running once its transactions have ended', async () => {
+    const asyncIdInPromiseReaction = () => Promise.resolve().then(() => executionAsyncId());
+    expect(await asyncIdInPromiseReaction()).toBe(0);
+    await store.transaction(async (db) => {
+      await store.transaction((tx) => tx.prepare('INSERT INTO note (text) VALUES (?)').run('nested'));
+      db.prepare('DELETE FROM note').run();
+    });
+    await store.atomic(input(), async () => ({ response, commit: true }));
+    await expect(store.transaction(() => Promise.reject(new Error('rolled back')))).rejects.toThrow();
+    expect(await asyncIdInPromiseReaction()).toBe(0);
   });
 });
 
