@@ -7,6 +7,7 @@ import type {
   ResponseCollector,
   StoredResponse,
 } from '../core/index.js';
+import { withHeader } from '../core/responses.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 
@@ -88,7 +89,11 @@ function answer(
   }
   // In writeHead's headers rather than set before: on a response with no header set yet, node
   // then writes them as given instead of setting (and checking) each one on the response first.
-  else res.writeHead(status, declare ? { ...headers, 'content-length': body.byteLength } : headers);
+  else
+    res.writeHead(
+      status,
+      declare ? withHeader<string | number>(headers, 'content-length', body.byteLength) : headers,
+    );
   res.end(body);
 }
 
