@@ -18,7 +18,7 @@ const USAGE = `Usage:
   --table         table of the records (default: idempotency_keys)
   --redis-url     a redis:// (or rediss://) URL, for keys kept in Redis
   --prefix        the Redis store's key prefix (default: retrysafe:)
-  --batch-size    records deleted per statement by purge (default: 1000)
+  --batch-size    records deleted per statement by purge (default: 1000; SQLite 200)
   --print         print the SQL of migrate instead of running it, for your own migration tool
   --scope         the scope of the key (default: "", requests without credentials); list: only it
   --limit         records listed at most (default: 100)
