@@ -25,7 +25,6 @@ import {
   summaryOf,
   Waiters,
 } from './internal.js';
-import { walCheckpointer } from './sqlite-checkpointer.js';
 
 export interface SqliteStoreOptions {
   /**
@@ -102,14 +101,6 @@ export interface SqliteStore extends AtomicStore<Database.Database> {
  * during a 200k purge in the benchmark, against ×2 with 50-row batches).
  */
 const SQLITE_PURGE_BATCH_SIZE = 200;
-
-/**
- * How far a purge lets the WAL grow, in multiples of the connection's `wal_autocheckpoint`
- * (1,000 pages by default, so about 40 MB). A checkpoint that runs while this process writes
- * never copies the WAL to its end, and only a WAL copied to its end starts again from its
- * beginning; so at this size the purge stops this process's writes until the copy is complete.
- */
-const PURGE_WAL_LIMIT_AUTOCHECKPOINTS = 10;
 
 /**
  * The longest pause between two tries for the write lock held by another process. SQLite's own
@@ -636,39 +627,15 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   async function purgeExpired(batchSize = SQLITE_PURGE_BATCH_SIZE) {
     requirePositiveInteger('sqliteStore.purgeExpired', 'batchSize', batchSize);
-    const purgeBatch = () => exclusive(() => purgeStatement.run({ nowMs: now(), batchSize }).changes);
-    let startedMs = performance.now();
-    let changes = await purgeBatch();
-    let deleted = changes;
-    if (changes < batchSize) return deleted;
-    // A large purge writes about one page per record (the keys are random, so every record sits on
-    // a page of its own in the key index), and SQLite copies the WAL back into the database on the
-    // commit that crosses `wal_autocheckpoint`, with two fsyncs, on the event loop's thread: those
-    // stalls made the purge's p99. While it runs, a connection on a worker thread copies instead.
-    const autocheckpointFrames = db.pragma('wal_autocheckpoint', { simple: true }) as number;
-    // With `wal_autocheckpoint` off, the application checkpoints by itself.
-    const checkpointer = autocheckpointFrames > 0 ? walCheckpointer(db) : undefined;
-    if (checkpointer) db.pragma('wal_autocheckpoint = 0');
-    try {
-      while (changes === batchSize) {
-        // A batch holds the event loop and the write lock; rest as long as it took, so requests
-        // get at least half of both while a large purge runs.
-        const restMs = Math.max(1, performance.now() - startedMs);
-        const [copied] = await Promise.all([checkpointer?.checkpoint(), sleep(restMs)]);
-        if (copied && copied.log >= PURGE_WAL_LIMIT_AUTOCHECKPOINTS * autocheckpointFrames) {
-          await exclusive(() => checkpointer!.checkpoint());
-        }
-        startedMs = performance.now();
-        changes = await purgeBatch();
-        deleted += changes;
-      }
-      if (checkpointer) await exclusive(() => checkpointer.checkpoint());
-      return deleted;
-    } finally {
-      if (checkpointer) {
-        db.pragma(`wal_autocheckpoint = ${autocheckpointFrames}`);
-        await checkpointer.close();
-      }
+    let deleted = 0;
+    for (;;) {
+      const startedMs = performance.now();
+      const { changes } = await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize }));
+      deleted += changes;
+      if (changes < batchSize) return deleted;
+      // A batch holds the event loop and the write lock; rest as long as it took, so requests
+      // get at least half of both while a large purge runs.
+      await sleep(Math.max(1, performance.now() - startedMs));
     }
   }
 
