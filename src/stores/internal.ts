@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { ConfigError } from '../core/errors.js';
 import { type KeyPage, type KeyRecordSummary, type ListKeysOptions, MAX_LIST_LIMIT } from '../core/types.js';
 
@@ -68,6 +69,27 @@ export function requirePositiveInteger(owner: string, option: string, value: unk
     throw new ConfigError(`${owner}: \`${option}\` must be a positive integer, got ${String(value)}`);
   }
   return value;
+}
+
+/**
+ * A purge: `deleteBatch` deletes up to `batchSize` expired records and says how many, until a batch
+ * comes back short. After each full batch it rests as long as the batch took, so a large purge
+ * leaves the requests served meanwhile at least half of the event loop and of the database.
+ */
+export async function purgeInBatches(
+  batchSize: number,
+  deleteBatch: () => Promise<number>,
+  rest: (ms: number) => Promise<unknown> = sleep,
+  nowMs: () => number = () => performance.now(),
+): Promise<number> {
+  let deleted = 0;
+  for (;;) {
+    const startedMs = nowMs();
+    const count = await deleteBatch();
+    deleted += count;
+    if (count < batchSize) return deleted;
+    await rest(Math.max(1, nowMs() - startedMs));
+  }
 }
 
 export function yieldToEventLoop(): Promise<void> {

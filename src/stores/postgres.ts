@@ -14,6 +14,7 @@ import {
   DEFAULT_PURGE_BATCH_SIZE,
   keysetPage,
   listRequest,
+  purgeInBatches,
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
@@ -560,12 +561,12 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
 
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
       requirePositiveInteger('postgresStore.purgeExpired', 'batchSize', batchSize);
-      let total = 0;
-      for (;;) {
-        const { rowCount } = await own(() => pool.query({ ...PURGE, values: [batchSize] }));
-        total += rowCount ?? 0;
-        if ((rowCount ?? 0) < batchSize) return total;
-      }
+      // Back to back, batches took a backend's whole core from the requests (p99 ×2.6 during a
+      // 1 M purge on 2 cores); the rests leave them half.
+      return purgeInBatches(
+        batchSize,
+        async () => (await own(() => pool.query({ ...PURGE, values: [batchSize] }))).rowCount ?? 0,
+      );
     },
 
     async list(options = {}) {

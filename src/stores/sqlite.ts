@@ -18,6 +18,7 @@ import {
   keysetPage,
   listRequest,
   newToken,
+  purgeInBatches,
   recordId,
   requirePositiveInteger,
   SUMMARY_COLUMNS,
@@ -627,16 +628,11 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   async function purgeExpired(batchSize = SQLITE_PURGE_BATCH_SIZE) {
     requirePositiveInteger('sqliteStore.purgeExpired', 'batchSize', batchSize);
-    let deleted = 0;
-    for (;;) {
-      const startedMs = performance.now();
-      const { changes } = await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize }));
-      deleted += changes;
-      if (changes < batchSize) return deleted;
-      // A batch holds the event loop and the write lock; rest as long as it took, so requests
-      // get at least half of both while a large purge runs.
-      await sleep(Math.max(1, performance.now() - startedMs));
-    }
+    // A batch holds the event loop and the write lock: the rests leave requests half of both.
+    return purgeInBatches(
+      batchSize,
+      async () => (await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize }))).changes,
+    );
   }
 
   async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
