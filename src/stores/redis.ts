@@ -62,6 +62,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 // status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
 // answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did.
 const LEGACY_HASH = `redis.call('TYPE', KEYS[1]).ok == 'hash'`;
+// A Lua pattern: an in-progress record's lease offset, creation offset and fingerprint. It also
+// reads the first 80 bytes of one (GETRANGE), whose fingerprint it then cuts short.
+const IN_PROGRESS_FIELDS = `'^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n(.*)$'`;
 
 // KEYS[1] record; ARGV fingerprint, in-progress record, retainMs. The claim of a key that holds a
 // record in progress (its lease needs the key's TTL) or a 0.1.0 hash: what the native claim
@@ -79,7 +82,7 @@ const CLAIM_HELD_LUA = `if ${LEGACY_HASH} then
 else
   local value = redis.call('GET', KEYS[1])
   if value and string.sub(value, 1, 1) == 'P' then
-    local leaseOffset, fingerprint = string.match(value, '^P\\n[^\\n]*\\n([^\\n]*)\\n[^\\n]*\\n(.*)$')
+    local leaseOffset, _, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
     if fingerprint ~= ARGV[1] then return {'mismatch'} end
     local left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
     if left > 0 then return {'in_progress', left} end
@@ -90,8 +93,6 @@ end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return {'acquired'}`;
 
-// The fields after an in-progress record's "P \n token \n": lease offset, creation offset, fingerprint.
-const IN_PROGRESS_REST = `'^([^\\n]*)\\n([^\\n]*)\\n(.*)$', #ARGV[1] + 1`;
 // Is KEYS[1] the record in progress that ARGV[1] ("P \n token \n") owns? Sets \`value\`.
 const OWNED = `local value = redis.pcall('GET', KEYS[1])
 if type(value) ~= 'string' or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then return 0 end`;
@@ -99,7 +100,7 @@ if type(value) ~= 'string' or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then ret
 // KEYS[1] record; ARGV owner prefix, status, headers JSON, body, channel. KEEPTTL: retention counts
 // from the claim.
 const COMPLETE_LUA = `${OWNED}
-local _, created, fingerprint = string.match(value, ${IN_PROGRESS_REST})
+local _, created, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
 redis.call('SET', KEYS[1], 'C\\n' .. created .. '\\n' .. ARGV[2] .. '\\n' .. #fingerprint .. '\\n' .. ARGV[3] .. '\\n' .. fingerprint .. ARGV[4], 'KEEPTTL')
 redis.call('PUBLISH', ARGV[5], KEYS[1])
 return 1`;
@@ -113,7 +114,7 @@ return 1`;
 // KEYS[1] record; ARGV owner prefix, leaseMs. The key's TTL grows with the lease should the lease
 // outlive it, and the offsets with it.
 const RENEW_LUA = `${OWNED}
-local _, created, fingerprint = string.match(value, ${IN_PROGRESS_REST})
+local _, created, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
 local lease = tonumber(ARGV[2])
 local expiresIn = redis.call('PTTL', KEYS[1])
 local grown = 0
@@ -134,7 +135,7 @@ if ${LEGACY_HASH} then
   left = tonumber(rec[2]) - now
 else
   local head = redis.call('GETRANGE', KEYS[1], 0, 79)
-  local leaseOffset = string.match(head, '^P\\n[^\\n]*\\n([^\\n]*)\\n')
+  local leaseOffset = string.match(head, ${IN_PROGRESS_FIELDS})
   if not leaseOffset then return -1 end
   left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
 end
@@ -154,7 +155,7 @@ for i, key in ipairs(KEYS) do
     out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresIn}
   elseif kind == 'string' then
     local head = redis.call('GETRANGE', key, 0, 79)
-    local leaseOffset, created = string.match(head, '^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n')
+    local leaseOffset, created = string.match(head, ${IN_PROGRESS_FIELDS})
     if leaseOffset then
       local expiresAt = now + expiresIn
       out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn}
