@@ -10,15 +10,13 @@ const LOST_CONNECTION = 'loan-desk:lost-connection';
  * took it. A worker killed before it said so leaves the connection open in the primary, unanswered,
  * for good: the handoff (lib/internal/cluster/round_robin_handle.js, node 20) waits for a reply that
  * cannot come. So the primary notes each connection it sends (cluster's `newconn` message) and,
- * when a worker dies, sends the ones still open to a live worker (`takeLostConnections`).
+ * when a worker dies, sends the ones still open to a live one of `listening` (`listeningWorkers`),
+ * which serves them (`takeLostConnections`).
  *
  * A node whose cluster sends connections otherwise is noted nothing here, and behaves as node does.
  */
-export function rescueLostConnections() {
+export function rescueLostConnections(listening) {
   const inFlight = new Map();
-  // Heirs: a worker takes lost connections once it listens; one just forked would not serve them.
-  const listening = new Set();
-  cluster.on('listening', (worker) => listening.add(worker));
   cluster.on('fork', (worker) => {
     const handles = new Set();
     inFlight.set(worker.id, handles);
@@ -36,11 +34,10 @@ export function rescueLostConnections() {
     };
   });
   cluster.on('exit', (worker) => {
-    listening.delete(worker);
     const lost = [...(inFlight.get(worker.id) ?? [])].filter((handle) => handle.fd >= 0);
     inFlight.delete(worker.id);
     for (const handle of lost) {
-      const heir = [...listening].find((other) => other.isConnected());
+      const heir = [...listening].find((other) => other !== worker && other.isConnected());
       // With no worker to serve it, a closed connection at least tells the client at once.
       if (heir) heir.send({ type: LOST_CONNECTION }, handle, () => handle.close());
       else handle.close();

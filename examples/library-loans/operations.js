@@ -233,15 +233,12 @@ function workerRegistries() {
 
 /**
  * The primary of `WORKERS=N`: answers a worker's request for the desk's metrics with prom-client's
- * aggregate of every listening worker's series (counters and histograms summed, process metrics one
- * series per worker). A worker that dies before it answers is left out, at once: its counts leave
+ * aggregate of the series of every worker in `listening` (`listeningWorkers`): counters and
+ * histograms summed, process metrics one series per worker. A worker that dies before it answers is left out, at once: its counts leave
  * the totals as they would after its death anyway. One alive that has not answered within
  * `WORKER_SERIES_TIMEOUT_MS` fails the scrape.
  */
-export function aggregateWorkerMetrics() {
-  // A worker answers once its desk is up; one forked but not yet listening would be waited for.
-  const listening = new Set();
-  cluster.on('listening', (worker) => listening.add(worker.id));
+export function aggregateWorkerMetrics(listening) {
   const collections = new Map();
   let lastId = 0;
 
@@ -278,7 +275,7 @@ export function aggregateWorkerMetrics() {
         },
       });
       for (const worker of Object.values(cluster.workers)) {
-        if (!listening.has(worker.id) || !worker.isConnected()) continue;
+        if (!listening.has(worker) || !worker.isConnected()) continue;
         waiting.add(worker.id);
         // A worker dead but not yet seen dead fails the write here, or never answers: its exit
         // leaves it out. Without this callback the failed write is an 'error' that ends the primary.
@@ -303,7 +300,6 @@ export function aggregateWorkerMetrics() {
       .then((answer) => worker.send({ type: METRICS_ANSWER, id: message.id, ...answer }, () => {}));
   });
   const leaveOutEverywhere = (worker) => {
-    listening.delete(worker.id);
     for (const collection of collections.values()) collection.leaveOut(worker);
   };
   cluster.on('disconnect', leaveOutEverywhere);

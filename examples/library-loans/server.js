@@ -3,6 +3,7 @@ import cluster from 'node:cluster';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
+import { listeningWorkers } from './listening-workers.js';
 import { rescueLostConnections, takeLostConnections } from './lost-connections.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
@@ -38,8 +39,10 @@ async function supervise(config) {
       'loan desk: IDEMPOTENCY_STORE=memory keeps keys per worker; retries landing on another worker run again',
     );
   }
-  aggregateWorkerMetrics();
-  rescueLostConnections();
+  // A worker answers questions and takes connections once its desk listens.
+  const workersListening = listeningWorkers();
+  aggregateWorkerMetrics(workersListening);
+  rescueLostConnections(workersListening);
   let ready = false;
   let stopping = false;
   let listening = 0;
