@@ -90,6 +90,21 @@ describe('engine outcomes', () => {
     },
   );
 
+  it.each([
+    ['Idempotent-Replayed', { 'idempotent-replayed': 'true' }],
+    [false, {}],
+  ] as const)('marks a replay with replayedHeader %j', async (replayedHeader, mark) => {
+    const idem = engine({ replayedHeader });
+    const handler = counter();
+    await idem.handle(request('OD-7f22'), handler.run);
+    const second = await idem.handle(request('OD-7f22'), handler.run);
+    expect(second.kind === 'replayed' && second.response.headers).toEqual({
+      'content-type': 'application/json',
+      location: '/loans/1',
+      ...mark,
+    });
+  });
+
   it('runs once, then replays status, allowed headers and body with Idempotency-Replayed', async () => {
     const idem = engine({ replayHeaders: ['X-Request-Id'] });
     const handler = counter();
@@ -469,6 +484,8 @@ describe('engine options', () => {
     [{ mode: 'eventually' }, '`mode`'],
     [{ concurrency: 'queue' }, '`concurrency`'],
     [{ profile: 'stripe' }, '`profile`'],
+    [{ replayedHeader: 'Replayed?' }, '`replayedHeader`'],
+    [{ replayedHeader: true }, '`replayedHeader`'],
     [{ maxKeyLength: 0 }, '`maxKeyLength`'],
     [{ minKeyLength: 10, maxKeyLength: 5 }, '`minKeyLength`'],
     [{ methods: 'POST' }, '`methods`'],

@@ -127,6 +127,13 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   replayHeaders?: readonly string[];
   /**
+   * The header that marks a replayed answer (`true`), or `false` to send none. APIs that imitate
+   * Stripe's answer `Idempotent-Replayed`.
+   * @default 'Idempotency-Replayed'
+   * @example replayedHeader: 'Idempotent-Replayed'
+   */
+  replayedHeader?: string | false;
+  /**
    * Which statuses are saved; the others release the key, so a retry runs again. By default
    * 5xx are released (the retry may succeed), and so are 400, 413, 415, 422 and 429: the request
    * was never accepted, and the corrected one may reuse the key. Compose with `defaultStoreStatus`.
@@ -206,6 +213,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   scope: true,
   fingerprintBody: true,
   replayHeaders: true,
+  replayedHeader: true,
   storeStatus: true,
   minKeyLength: true,
   maxKeyLength: true,

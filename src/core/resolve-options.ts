@@ -12,6 +12,7 @@ import {
   ENGINE_OPTION_NAMES,
   type IdempotencyOptions,
 } from './options.js';
+import { REPLAYED_HEADER } from './responses.js';
 import { credentialScope } from './scope.js';
 import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
 
@@ -38,6 +39,15 @@ function oneOf<T extends string>(option: string, value: T | undefined, allowed: 
   return resolved;
 }
 
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+
+function headerNameOption(option: string, value: unknown): string {
+  if (typeof value !== 'string' || !TOKEN.test(value)) {
+    throw new ConfigError(`retrysafe: option \`${option}\` must be an HTTP header name; got ${JSON.stringify(value)}`);
+  }
+  return value;
+}
+
 /** The options as the engine runs with them: checked, defaulted, in milliseconds and bytes. */
 export interface ResolvedOptions<Req = unknown> {
   readonly store: IdempotencyStore;
@@ -62,6 +72,8 @@ export interface ResolvedOptions<Req = unknown> {
   /** Lower-case names of the headers stored and replayed. */
   readonly replayHeaders: ReadonlySet<string>;
   readonly storedHeaderNames: readonly string[];
+  /** The lower-case header a replay carries, or `undefined` for none. */
+  readonly replayedHeader: string | undefined;
   readonly cipher: BodyCipher | undefined;
   readonly mismatchStatus: number;
   readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
@@ -106,12 +118,11 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
   }
   const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
-  const headerName = options.headerName ?? 'Idempotency-Key';
-  if (typeof headerName !== 'string' || !/^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/.test(headerName)) {
-    throw new ConfigError(
-      `retrysafe: option \`headerName\` must be an HTTP header name; got ${JSON.stringify(headerName)}`,
-    );
-  }
+  const headerName = headerNameOption('headerName', options.headerName ?? 'Idempotency-Key');
+  const replayedHeader =
+    options.replayedHeader === false
+      ? undefined
+      : headerNameOption('replayedHeader', options.replayedHeader ?? REPLAYED_HEADER).toLowerCase();
   for (const fn of ['scope', 'key', 'fingerprintBody', 'storeStatus', 'onError', 'onEvent'] as const) {
     if (options[fn] !== undefined && typeof options[fn] !== 'function') {
       throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
@@ -153,6 +164,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     storeStatus,
     replayHeaders,
     storedHeaderNames,
+    replayedHeader,
     cipher,
     mismatchStatus,
     onError: options.onError,

@@ -5,6 +5,7 @@ import { ErrorCode, IdempotencyError } from './errors.js';
 import type { ResolvedOptions } from './resolve-options.js';
 import type { StoredResponse } from './types.js';
 
+/** The header a replay carries by default (`replayedHeader`). */
 export const REPLAYED_HEADER = 'idempotency-replayed';
 
 // A duplicate polls no slower than this while it waits, so a missed notification costs little.
@@ -12,7 +13,7 @@ export const MAX_WAIT_SLICE_MS = 1000;
 
 type Shaping = Pick<
   ResolvedOptions,
-  'replayHeaders' | 'cipher' | 'mismatchStatus' | 'profile' | 'onError' | 'maxBodyBytes' | 'maxResponseBytes'
+  'replayHeaders' | 'replayedHeader' | 'cipher' | 'mismatchStatus' | 'profile' | 'onError' | 'maxBodyBytes' | 'maxResponseBytes'
 >;
 
 export function toStored(config: Shaping, response: StoredResponse): StoredResponse {
@@ -43,7 +44,10 @@ export function withHeader<V>(headers: Record<string, V>, name: string, value: V
 export function toReplay(config: Shaping, stored: StoredResponse): StoredResponse {
   return {
     status: stored.status,
-    headers: withHeader(stored.headers, REPLAYED_HEADER, 'true'),
+    // A copy either way: the memory store hands out the record it keeps.
+    headers: config.replayedHeader
+      ? withHeader(stored.headers, config.replayedHeader, 'true')
+      : { ...stored.headers },
     body: config.cipher ? config.cipher.open(stored.body) : stored.body,
   };
 }
