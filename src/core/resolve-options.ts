@@ -43,7 +43,9 @@ const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 
 function headerNameOption(option: string, value: unknown): string {
   if (typeof value !== 'string' || !TOKEN.test(value)) {
-    throw new ConfigError(`retrysafe: option \`${option}\` must be an HTTP header name; got ${JSON.stringify(value)}`);
+    throw new ConfigError(
+      `retrysafe: option \`${option}\` must be an HTTP header name; got ${JSON.stringify(value)}`,
+    );
   }
   return value;
 }

@@ -13,7 +13,14 @@ export const MAX_WAIT_SLICE_MS = 1000;
 
 type Shaping = Pick<
   ResolvedOptions,
-  'replayHeaders' | 'replayedHeader' | 'cipher' | 'mismatchStatus' | 'profile' | 'onError' | 'maxBodyBytes' | 'maxResponseBytes'
+  | 'replayHeaders'
+  | 'replayedHeader'
+  | 'cipher'
+  | 'mismatchStatus'
+  | 'profile'
+  | 'onError'
+  | 'maxBodyBytes'
+  | 'maxResponseBytes'
 >;
 
 export function toStored(config: Shaping, response: StoredResponse): StoredResponse {
