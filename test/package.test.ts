@@ -1,5 +1,14 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -7,7 +16,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from './support/free-port.js';
 
 /**
- * The package as a user gets it: `npm pack`, then `npm install <tarball>` into fresh projects
+ * The package as a user gets it, following the README's install words: a fresh checkout (this
+ * one's files without dist/), `npm pack` there, then `npm install <tarball>` into fresh projects
  * (ES-module JavaScript, strict TypeScript with `nodenext`, CommonJS), where every README quick
  * start runs. The tarball's own dependencies install from the npm cache; the frameworks, drivers
  * and @types a user adds next to it are linked from this repository's node_modules (better-sqlite3
@@ -36,6 +46,7 @@ const PEERS = [
 ];
 const TYPES = ['typescript', '@types/node', '@types/express', '@types/better-sqlite3'];
 const children: ChildProcess[] = [];
+let checkout: string;
 let tarball: string;
 let files: string[];
 
@@ -103,13 +114,25 @@ async function serveOneReplay(dir: string, file: string): Promise<void> {
   }
 }
 
+/** The repository's files as a clone has them: tracked or new, never ignored (no dist/). */
+function freshCheckout(): string {
+  const dir = join(work, 'checkout');
+  const paths = run('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard'], root).split('\0');
+  for (const path of paths.filter((p) => p !== '' && existsSync(join(root, p)))) {
+    cpSync(join(root, path), join(dir, path));
+  }
+  symlinkSync(join(root, 'node_modules'), join(dir, 'node_modules'), 'dir');
+  return dir;
+}
+
 beforeAll(() => {
-  const packed = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', work], root)) as [
+  checkout = freshCheckout();
+  const packed = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', work], checkout)) as [
     { filename: string; files: { path: string }[] },
   ];
   tarball = join(work, packed[0].filename);
   files = packed[0].files.map((file) => file.path);
-}, 60_000);
+}, 120_000);
 afterAll(() => {
   for (const child of children) child.kill();
   rmSync(work, { recursive: true, force: true });
@@ -117,14 +140,16 @@ afterAll(() => {
 
 describe('the tarball', () => {
   it('ships LICENSE, README, CHANGELOG and dist, nothing of src or test', () => {
-    expect(files).toEqual(expect.arrayContaining(['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json']));
+    expect(files).toEqual(
+      expect.arrayContaining(['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json', 'dist/core/index.js']),
+    );
     expect(
       files.every((file) => /^(dist\/|LICENSE$|README\.md$|CHANGELOG\.md$|package\.json$)/.test(file)),
     ).toBe(true);
   });
 
   it('source maps carry their sources, since src/ is not shipped', () => {
-    const dist = join(root, 'dist');
+    const dist = join(checkout, 'dist');
     for (const map of files.filter((file) => file.endsWith('.js.map'))) {
       const parsed = JSON.parse(readFileSync(join(dist, '..', map), 'utf8')) as {
         sources: string[];
@@ -140,7 +165,7 @@ describe('the tarball', () => {
     };
     const shipped = files
       .filter((file) => /\.(js|d\.ts)$/.test(file))
-      .map((file) => readFileSync(join(root, file), 'utf8'))
+      .map((file) => readFileSync(join(checkout, file), 'utf8'))
       .join('\n');
     for (const dependency of Object.keys(pkg.dependencies)) {
       const name = dependency.replace(/^@types\//, '');
