@@ -117,7 +117,9 @@ async function serveOneReplay(dir: string, file: string): Promise<void> {
 /** The repository's files as a clone has them: tracked or new, never ignored (no dist/). */
 function freshCheckout(): string {
   const dir = join(work, 'checkout');
-  const paths = run('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard'], root).split('\0');
+  const paths = run('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard'], root).split(
+    '\0',
+  );
   for (const path of paths.filter((p) => p !== '' && existsSync(join(root, p)))) {
     cpSync(join(root, path), join(dir, path));
   }

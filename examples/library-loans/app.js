@@ -110,13 +110,15 @@ export function loanDesk({
   });
 
   // In atomic mode `idem.tx` is the transaction holding the claim: the loan commits with the
-  // saved response or not at all.
+  // saved response or not at all. In lease mode nothing fences the loan's INSERT itself: a dead
+  // desk's statement queued in the database can commit after its lease, when a retry already ran
+  // the handler again, so the loan is keyed by its intent and a second INSERT returns the first.
   const createLoan = guard(async function createLoan(req, res, idem) {
     const { loan, problem } = parseLoan(req.body);
     if (problem) return send(res, 400, problem);
     let result;
     try {
-      result = await database.createLoan(loan, idem?.tx);
+      result = await database.createLoan(loan, { tx: idem?.tx, intent: idem?.downstreamKey('loan') });
     } catch (error) {
       // A 5xx is not kept: the key is released (lease mode) or the transaction rolled back (atomic
       // mode), so the client's retry with the same key lends the book once the database is back.

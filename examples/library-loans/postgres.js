@@ -4,7 +4,9 @@ import { BOOKS, MEMBERS } from './catalog.js';
 /**
  * The loan desk's tables in PostgreSQL, next to the idempotency store's table in one schema. The
  * store's pool serves the desk's own queries; a keyed loan runs on the client holding the atomic
- * transaction (`tx`), so it commits with the claim and the saved response or not at all.
+ * transaction (`tx`), so it commits with the claim and the saved response or not at all. In lease
+ * mode a keyed loan carries its `intent` (unique): a dead desk's INSERT that commits after its
+ * lease, when the retry ran again, cannot make a second loan for one intent.
  * `setup: true` runs the store's migration and creates the tables and the catalog when missing;
  * several instances starting at once take turns on an advisory lock.
  */
@@ -26,7 +28,10 @@ export async function openPostgres({ url, schema, setup }) {
           member text NOT NULL REFERENCES ${s}.member (id),
           isbn text NOT NULL REFERENCES ${s}.book (isbn),
           "issuedAt" text NOT NULL,
-          "return" text)`);
+          "return" text,
+          intent text);
+        ALTER TABLE ${s}.loan ADD COLUMN IF NOT EXISTS intent text;
+        CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON ${s}.loan (intent)`);
       await client.query(
         `INSERT INTO ${s}.book (isbn, title, author)
          SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) ON CONFLICT DO NOTHING`,
@@ -47,26 +52,38 @@ export async function openPostgres({ url, schema, setup }) {
 
   const LOAN_COLUMNS = 'id, member, isbn, "issuedAt", "return"';
   // One statement checks both references and inserts, so a keyless loan needs no transaction.
-  // Named, so each connection parses and plans it once rather than on every loan.
+  // Named, so each connection parses and plans it once rather than on every loan. An intent lent
+  // already inserts nothing, and the loan it made is read by `LENT` (a statement of its own: when
+  // the INSERT waited for that loan's transaction, this statement's snapshot predates its commit).
   const LEND = {
     name: 'library_loans_lend',
     text: `
     WITH b AS (SELECT 1 FROM ${s}.book WHERE isbn = $2),
          m AS (SELECT 1 FROM ${s}.member WHERE id = $1),
-         l AS (INSERT INTO ${s}.loan (member, isbn, "issuedAt")
-               SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM b) AND EXISTS (SELECT 1 FROM m)
+         l AS (INSERT INTO ${s}.loan (member, isbn, "issuedAt", intent)
+               SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM b) AND EXISTS (SELECT 1 FROM m)
+               ON CONFLICT (intent) DO NOTHING
                RETURNING ${LOAN_COLUMNS})
     SELECT EXISTS (SELECT 1 FROM b) AS book, EXISTS (SELECT 1 FROM m) AS member, (SELECT row_to_json(l) FROM l) AS loan`,
+  };
+  const LENT = {
+    name: 'library_loans_lent',
+    text: `SELECT ${LOAN_COLUMNS} FROM ${s}.loan WHERE intent = $1`,
   };
 
   return {
     store,
-    async createLoan(loan, tx) {
-      const { rows } = await (tx ?? pool).query({ ...LEND, values: [loan.member, loan.isbn, loan.issuedAt] });
+    /** `intent` (optional) names the request's intent: a second loan for it returns the first. */
+    async createLoan(loan, { tx, intent } = {}) {
+      const client = tx ?? pool;
+      const { rows } = await client.query({
+        ...LEND,
+        values: [loan.member, loan.isbn, loan.issuedAt, intent],
+      });
       const [row] = rows;
       if (!row.book) return { missing: 'isbn' };
       if (!row.member) return { missing: 'member' };
-      return { loan: row.loan };
+      return { loan: row.loan ?? (await client.query({ ...LENT, values: [intent] })).rows[0] };
     },
     listLoans: async () => (await pool.query(`SELECT ${LOAN_COLUMNS} FROM ${s}.loan ORDER BY id`)).rows,
     getLoan: async (id) =>

@@ -10,8 +10,11 @@ const SCHEMA = `
     member TEXT NOT NULL REFERENCES member (id),
     isbn TEXT NOT NULL REFERENCES book (isbn),
     issuedAt TEXT NOT NULL,
-    "return" TEXT
+    "return" TEXT,
+    intent TEXT
   );`;
+// The unique intent of a keyed loan (see postgres.js); a database made before it gains the column.
+const INTENT_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON loan (intent)';
 const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
 
 /**
@@ -40,6 +43,9 @@ export async function openSqlite({ filename, setup, now }) {
   if (setup) {
     await store.transaction(() => {
       db.exec(SCHEMA);
+      const columns = db.prepare('SELECT name FROM pragma_table_info(?)').pluck().all('loan');
+      if (!columns.includes('intent')) db.exec('ALTER TABLE loan ADD COLUMN intent TEXT');
+      db.exec(INTENT_INDEX);
       const book = db.prepare(
         'INSERT OR IGNORE INTO book (isbn, title, author) VALUES (@isbn, @title, @author)',
       );
@@ -53,24 +59,30 @@ export async function openSqlite({ filename, setup, now }) {
   const bookExists = db.prepare('SELECT 1 FROM book WHERE isbn = ?').pluck();
   const memberExists = db.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
   const insertLoan = db.prepare(
-    `INSERT INTO loan (member, isbn, issuedAt) VALUES (@member, @isbn, @issuedAt) RETURNING ${LOAN_COLUMNS}`,
+    `INSERT INTO loan (member, isbn, issuedAt, intent) VALUES (@member, @isbn, @issuedAt, @intent)
+     ON CONFLICT (intent) DO NOTHING RETURNING ${LOAN_COLUMNS}`,
   );
+  const lentLoan = db.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE intent = ?`);
   const allLoans = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
   const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
   const loanCount = reader.prepare('SELECT count(*) FROM loan').pluck();
   const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
   const allMembers = reader.prepare('SELECT id, name FROM member ORDER BY id');
 
-  function lend(loan) {
+  function lend(loan, intent = null) {
     if (!bookExists.get(loan.isbn)) return { missing: 'isbn' };
     if (!memberExists.get(loan.member)) return { missing: 'member' };
-    return { loan: insertLoan.get(loan) };
+    return { loan: insertLoan.get({ ...loan, intent }) ?? lentLoan.get(intent) };
   }
 
   return {
     store,
-    /** `tx` is the open atomic transaction (the connection itself) when the request has a key. */
-    createLoan: (loan, tx) => (tx ? lend(loan) : store.transaction(() => lend(loan))),
+    /**
+     * `tx` is the open atomic transaction (the connection itself) when the request has a key;
+     * `intent` (optional) names the request's intent: a second loan for it returns the first.
+     */
+    createLoan: (loan, { tx, intent } = {}) =>
+      tx ? lend(loan, intent) : store.transaction(() => lend(loan, intent)),
     listLoans: async () => allLoans.all(),
     getLoan: async (id) => oneLoan.get(id),
     listBooks: async () => allBooks.all(),

@@ -66,6 +66,15 @@ export interface PostgresStoreOptions {
    */
   statementTimeoutMs?: number;
   /**
+   * `client_connection_check_interval` of the store's own pool (PostgreSQL 14+): how often a
+   * backend running a query checks that its client is still there, and ends the query when it is
+   * not. A process that died (kill -9, a lost host) then leaves no statement queued on a lock to
+   * commit after its lease, when a retry has run the handler again. `0` turns it off. Set the
+   * same on a pool you pass in: `options: '-c client_connection_check_interval=1000'`.
+   * @default 1000
+   */
+  connectionCheckIntervalMs?: number;
+  /**
    * Create the schema, table and index on first use when they are missing, as `migrate()` does.
    * Off by default: the table is then made by `retrysafe migrate` (or your own migration tool,
    * from `retrysafe migrate --print`), and a store without it fails every call with a
@@ -232,6 +241,7 @@ const OPTION_NAMES = optionNames<PostgresStoreOptions>({
   maxConnections: true,
   connectTimeoutMs: true,
   statementTimeoutMs: true,
+  connectionCheckIntervalMs: true,
   migrate: true,
 });
 
@@ -258,6 +268,13 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     options.statementTimeoutMs ?? 15_000,
   );
 
+  const connectionCheckIntervalMs = options.connectionCheckIntervalMs ?? 1000;
+  if (!Number.isSafeInteger(connectionCheckIntervalMs) || connectionCheckIntervalMs < 0) {
+    throw new ConfigError(
+      `postgresStore: option \`connectionCheckIntervalMs\` must be a whole number of ms, 0 or more; got ${String(options.connectionCheckIntervalMs)}`,
+    );
+  }
+
   const ownsPool = options.pool === undefined;
   const pool =
     options.pool ??
@@ -269,6 +286,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       query_timeout: statementTimeoutMs + 1000,
       keepAlive: true,
       application_name: 'retrysafe',
+      options: `-c client_connection_check_interval=${connectionCheckIntervalMs}`,
     });
   // A connection dropped while idle (database restart) surfaces here; the next query reconnects.
   if (ownsPool) pool.on('error', () => {});
