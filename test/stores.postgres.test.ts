@@ -71,6 +71,22 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     expect(() => postgresStore({ connectionString: PG_URL, statementTimeoutMs: 0 })).toThrow(
       /`statementTimeoutMs`/,
     );
+    expect(() => postgresStore({ connectionString: PG_URL, connectionCheckIntervalMs: -1 })).toThrow(
+      /`connectionCheckIntervalMs`/,
+    );
+  });
+
+  it("its own pool's backends check for a client that died (client_connection_check_interval)", async () => {
+    const { rows } = await store.pool.query('SHOW client_connection_check_interval');
+    expect(rows[0].client_connection_check_interval).toBe('1s');
+    const off = postgresStore({ connectionString: PG_URL, schema, connectionCheckIntervalMs: 0 });
+    try {
+      expect((await off.pool.query('SHOW client_connection_check_interval')).rows[0]).toEqual({
+        client_connection_check_interval: '0',
+      });
+    } finally {
+      await off.close();
+    }
   });
 
   it('migrate is idempotent, also when run concurrently', async () => {
