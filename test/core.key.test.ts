@@ -47,9 +47,18 @@ describe('parseIdempotencyKey', () => {
     expect(parseIdempotencyKey(header, bounds).ok).toBe(false);
   });
 
-  it('rejects two Idempotency-Key headers', () => {
-    const parsed = parseIdempotencyKey(['a', 'a'], bounds);
+  it.each([
+    ['as two lines', ['a', 'a']],
+    ['joined, bare', 'a, b'],
+    ['joined, the same key', 'OD-7f21,OD-7f21'],
+    ['joined, quoted', '"a", "b"'],
+  ] as const)('rejects two Idempotency-Key headers %s', (_name, header) => {
+    const parsed = parseIdempotencyKey(header, bounds);
     expect(parsed).toEqual({ ok: false, reason: expect.stringContaining('more than once') });
+  });
+
+  it('reads a quoted key holding a comma as one key', () => {
+    expect(parseIdempotencyKey('"a, b"', bounds)).toEqual({ ok: true, key: 'a, b' });
   });
 
   it('honours configured bounds', () => {

@@ -1,4 +1,4 @@
-import { parseItem } from 'structured-headers';
+import { parseItem, parseList } from 'structured-headers';
 
 /** Bounds a key must fit. */
 export interface KeyBounds {
@@ -14,10 +14,27 @@ const BARE_KEY = /^[\x21\x23-\x2b\x2d-\x7e]+$/;
 // A quoted sf-string may also hold spaces; structured-headers rejects everything else.
 const PRINTABLE = /^[\x20-\x7e]*$/;
 
+const TWICE = 'the Idempotency-Key header appears more than once';
+const trimOws = (value: string) => value.replace(/^[ \t]+|[ \t]+$/g, '');
+
+/**
+ * Whether `raw` is two or more header lines joined by commas, as node:http, Web `Headers` and
+ * proxies join them: a list of sf-strings, or of bare keys (which hold no comma of their own).
+ */
+function isJoined(raw: string): boolean {
+  if (!raw.includes(',')) return false;
+  try {
+    if (parseList(raw).length > 1) return true;
+  } catch {
+    // Not a structured list; it may still be bare keys, which need not be sf-tokens.
+  }
+  return raw.split(',').every((part) => BARE_KEY.test(trimOws(part)));
+}
+
 /**
  * Reads the `Idempotency-Key` header: a quoted sf-string as the IETF draft specifies
  * (`"8e03978e-40d5"`) or a bare value as Stripe and most clients send (`OD-7f21`).
- * An array means the header appeared more than once, which is always an error.
+ * An array, or lines joined by commas, means the header appeared more than once: always an error.
  */
 export function parseIdempotencyKey(
   header: string | readonly string[] | undefined,
@@ -26,12 +43,13 @@ export function parseIdempotencyKey(
   if (header === undefined) return { ok: 'absent' };
   if (typeof header !== 'string') {
     if (header.length === 0) return { ok: 'absent' };
-    if (header.length > 1) return { ok: false, reason: 'the Idempotency-Key header appears more than once' };
+    if (header.length > 1) return { ok: false, reason: TWICE };
     header = header[0] as string;
   }
   // HTTP strips only spaces and tabs around a field value; String#trim would also eat Unicode spaces.
-  const raw = header.replace(/^[ \t]+|[ \t]+$/g, '');
+  const raw = trimOws(header);
   if (raw === '') return { ok: false, reason: 'the Idempotency-Key header is empty' };
+  if (isJoined(raw)) return { ok: false, reason: TWICE };
   let key: string;
   if (raw.startsWith('"')) {
     let item: ReturnType<typeof parseItem>;

@@ -537,6 +537,24 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
           }),
         );
 
+        it.each([
+          ['two bare keys', ['a', 'b']],
+          ['one key twice', ['a', 'a']],
+          ['two quoted keys', ['"a"', '"b"']],
+        ])('the key header twice (%s): 400 saying it appears more than once', (_name, keys) =>
+          withApp({}, async (app) => {
+            const reply = await rawPost(
+              app,
+              '/orders',
+              keys.map((key) => Buffer.from(`Idempotency-Key: ${key}`)),
+            );
+            expect(reply.status).toBe(400);
+            expect(reply.text).toContain('idempotency_key_invalid');
+            expect(reply.text).toContain('appears more than once');
+            expect(app.calls['POST /orders']).toBeUndefined();
+          }),
+        );
+
         it('headerName: the key is read from that header, and Idempotency-Key is then ignored', () =>
           withApp({ headerName: 'X-Request-Key', required: true }, async (app) => {
             const key = newKey();
