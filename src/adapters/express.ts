@@ -34,6 +34,7 @@ declare global {
   }
 }
 
+/** Options of `retrysafe/express`'s `idempotency`: the engine's, plus `renderErrors`. */
 export interface ExpressIdempotencyOptions<Tx = RegisteredTx> extends IdempotencyOptions<Request, Tx> {
   /**
    * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in

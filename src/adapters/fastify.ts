@@ -24,6 +24,7 @@ import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import { closeAfterDrain } from './node-http.js';
 import { captureBody } from './payload.js';
 
+/** Options of the `retrysafe/fastify` plugin: the engine's, plus the plugin's own. */
 export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest, RegisteredTx> {
   /**
    * `true`: the plugin answers engine errors (bad or missing key 400, conflict 409/422, in

@@ -13,6 +13,7 @@ import {
 import { checkOptions } from '../core/option-names.js';
 import { ENGINE_OPTION_NAMES } from '../core/options.js';
 
+/** Options of `retrysafe/hono`'s `idempotency`: the engine's over Hono's `Context`. */
 export type HonoIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Context, Tx>;
 
 /** The context variables the middleware sets: `c.get('idempotency')`. */

@@ -17,6 +17,7 @@ import { ENGINE_OPTION_NAMES } from '../core/options.js';
 import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
 import { captureBody } from './payload.js';
 
+/** Options of `retrysafe/koa`'s `idempotency`: the engine's, plus `renderErrors`. */
 export interface KoaIdempotencyOptions extends IdempotencyOptions<Context> {
   /**
    * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in
@@ -39,6 +40,8 @@ export interface IdempotencyState {
 // These statuses carry no body; Koa strips whatever ctx.body holds.
 const EMPTY_STATUS = new Set([204, 205, 304]);
 
+const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
+
 /**
  * Koa 2 and 3 middleware guarding POST/PATCH requests with Idempotency-Key. Mount it after
  * `@koa/bodyparser` (the fingerprint uses `ctx.request.rawBody`, or the parsed body) or without
@@ -58,8 +61,6 @@ const EMPTY_STATUS = new Set([204, 205, 304]);
  *   ctx.body = { id, key: ctx.state.idempotency?.key };
  * });
  */
-const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
-
 export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middleware {
   const { renderErrors = true, ...engineOptions } = checkOptions('koa idempotency()', options, OPTION_NAMES);
   if (typeof renderErrors !== 'boolean') {

@@ -52,6 +52,7 @@ export interface NestRequest {
   raw?: IncomingMessage;
 }
 
+/** Options of `RetrysafeModule.forRoot`: the engine's over Nest's request. */
 export type NestIdempotencyOptions = IdempotencyOptions<NestRequest>;
 
 /** A route's own options, merged over the module's; `false` leaves the route unguarded. */
@@ -258,6 +259,7 @@ async function bodyOf(
   }
 }
 
+/** Options of `RetrysafeModule.forRootAsync`: a factory of the options, with what it injects. */
 export interface RetrysafeModuleAsyncOptions extends Pick<ModuleMetadata, 'imports'> {
   useFactory: (...args: never[]) => NestIdempotencyOptions | Promise<NestIdempotencyOptions>;
   inject?: InjectionToken[];

@@ -32,6 +32,7 @@ export type NodeHandler<Tx = RegisteredTx> = (
   idem: IdempotencyContext<Tx> | undefined,
 ) => unknown;
 
+/** Options of `retrysafe/node`'s `idempotency`: the engine's options over node:http requests. */
 export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<IncomingMessage, Tx>;
 
 /**

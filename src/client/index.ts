@@ -26,7 +26,7 @@ export interface AttemptEvent {
 /**
  * The defaults ride out a server restart within one lease: the server refuses connections while
  * it restarts, then answers the crashed request's key "in progress" (409 + Retry-After) until
- * its lease passes (30 s by default; a retry meanwhile may wait up to 10 s on the server), and
+ * its lease passes (10 s by default after the last renewal; a retry meanwhile may wait up to 10 s on the server), and
  * only then runs the retry. `deadlineMs` (60 s) covers that with room to spare; `maxAttempts`
  * stays out of its way even when every jittered wait is short.
  */
@@ -104,6 +104,7 @@ export interface RetryingFetchOptions {
  */
 export type RetryingRequestInit = RequestInit & { idempotencyKey?: string | false };
 
+/** `fetch` that retries one intent with one key: what {@link createRetryingFetch} returns. */
 export type RetryingFetch = (input: RequestInfo | URL, init?: RetryingRequestInit) => Promise<Response>;
 
 /**
@@ -215,6 +216,19 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
   });
 }
 
+const OPTION_NAMES = optionNames<RetryingFetchOptions>({
+  fetch: true,
+  maxAttempts: true,
+  deadlineMs: true,
+  baseDelayMs: true,
+  maxDelayMs: true,
+  maxRetryAfterMs: true,
+  attemptTimeoutMs: true,
+  headerName: true,
+  generateKey: true,
+  onAttempt: true,
+});
+
 /**
  * Makes a `fetch` that sends one `Idempotency-Key` per call (one intent) and the same key on every
  * retry. It retries network errors, timed-out attempts, 408, 429, an in-progress 409, 502, 503 and
@@ -240,19 +254,6 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
  *   else throw error;
  * }
  */
-const OPTION_NAMES = optionNames<RetryingFetchOptions>({
-  fetch: true,
-  maxAttempts: true,
-  deadlineMs: true,
-  baseDelayMs: true,
-  maxDelayMs: true,
-  maxRetryAfterMs: true,
-  attemptTimeoutMs: true,
-  headerName: true,
-  generateKey: true,
-  onAttempt: true,
-});
-
 export function createRetryingFetch(given?: RetryingFetchOptions): RetryingFetch {
   const options = checkOptions('createRetryingFetch()', given, OPTION_NAMES);
   const maxAttempts = numberOption('maxAttempts', options.maxAttempts, 20, 1);

@@ -62,6 +62,7 @@ export type Outcome =
   | { kind: 'replayed'; response: StoredResponse }
   | { kind: 'rejected'; error: IdempotencyError };
 
+/** The engine `createIdempotency` returns: what an adapter drives for each request. */
 export interface Idempotency<Req = unknown, Tx = unknown> {
   readonly mode: 'lease' | 'atomic';
   /** The lower-case header the key is read from; `undefined` when the `key` option reads it. */

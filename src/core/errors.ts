@@ -54,6 +54,7 @@ export class IdempotencyError extends RetrysafeError {
   }
 }
 
+/** Whether `value` is an {@link IdempotencyError}, also one from another copy of the package. */
 export function isIdempotencyError(value: unknown): value is IdempotencyError {
   return value instanceof Error && value.name === 'IdempotencyError' && 'code' in value && 'status' in value;
 }

@@ -117,6 +117,7 @@ export type IdempotencyEvent =
   | StoreErrorEvent
   | RejectedEvent;
 
+/** The `type` of an {@link IdempotencyEvent}: `'executed'`, `'replayed'`, `'conflict'`, … */
 export type IdempotencyEventType = IdempotencyEvent['type'];
 
 /**

@@ -6,6 +6,7 @@ export interface KeyBounds {
   maxLength: number;
 }
 
+/** `parseIdempotencyKey`'s answer: the key, why the header is refused, or `'absent'`. */
 export type ParsedKey = { ok: true; key: string } | { ok: false; reason: string } | { ok: 'absent' };
 
 // A bare key is visible ASCII without the characters that would make it ambiguous in a header

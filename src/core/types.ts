@@ -159,6 +159,7 @@ export interface AtomicStore<Tx = unknown> extends IdempotencyStore {
   atomic(input: ClaimInput, work: (tx: Tx) => Promise<AtomicWorkResult>): Promise<AtomicResult>;
 }
 
+/** Whether `store` offers `atomic`, which `mode: 'atomic'` needs. */
 export function isAtomicStore(store: IdempotencyStore): store is AtomicStore {
   return typeof (store as Partial<AtomicStore>).atomic === 'function';
 }

@@ -1,6 +1,7 @@
 import { type Attributes, type MeterProvider, metrics, trace } from '@opentelemetry/api';
 import { eventDetail, type IdempotencyEventListener, type IdempotencyEventType } from '../core/events.js';
 
+/** Options of {@link idempotencyTelemetry}. */
 export interface IdempotencyTelemetryOptions {
   /**
    * Where the instruments are created. Read once, when `idempotencyTelemetry` is called: start

@@ -21,6 +21,7 @@ import {
   yieldToEventLoop,
 } from './internal.js';
 
+/** Options of {@link memoryStore}. */
 export interface MemoryStoreOptions {
   /**
    * The most records kept at once. When full, the records completed longest ago are evicted first
@@ -67,6 +68,8 @@ function keptCopy(response: StoredResponse): StoredResponse {
   return { status: response.status, headers: { ...response.headers }, body };
 }
 
+const OPTION_NAMES = optionNames<MemoryStoreOptions>({ maxRecords: true, sweepIntervalMs: true });
+
 /**
  * An idempotency store in this process's memory: for tests and single-process services. Records
  * are lost on restart and not shared between processes (use `retrysafe/sqlite` for that).
@@ -77,8 +80,6 @@ function keptCopy(response: StoredResponse): StoredResponse {
  * const store = memoryStore({ maxRecords: 10_000 });
  * ```
  */
-const OPTION_NAMES = optionNames<MemoryStoreOptions>({ maxRecords: true, sweepIntervalMs: true });
-
 export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
   const options = checkOptions('memoryStore()', given, OPTION_NAMES);
   const maxRecords = requirePositiveInteger('memoryStore', 'maxRecords', options.maxRecords ?? 100_000);

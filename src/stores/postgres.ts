@@ -23,6 +23,7 @@ import {
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
 
+/** Options of {@link postgresStore}: one of `pool` or `connectionString`. */
 export interface PostgresStoreOptions {
   /**
    * A `pg` pool to use. The store never ends it, and its owner should handle its `error` event
@@ -214,6 +215,18 @@ interface RecordRow {
   body: Buffer | null;
 }
 
+const OPTION_NAMES = optionNames<PostgresStoreOptions>({
+  pool: true,
+  connectionString: true,
+  schema: true,
+  table: true,
+  maxConnections: true,
+  connectTimeoutMs: true,
+  statementTimeoutMs: true,
+  connectionCheckIntervalMs: true,
+  migrate: true,
+});
+
 /**
  * A store on PostgreSQL through `pg`, for several app servers or hosts sharing one database.
  * Claims are one `INSERT … ON CONFLICT` on the `(scope, key)` primary key; every time comes from
@@ -233,18 +246,6 @@ interface RecordRow {
  * await store.migrate();
  * ```
  */
-const OPTION_NAMES = optionNames<PostgresStoreOptions>({
-  pool: true,
-  connectionString: true,
-  schema: true,
-  table: true,
-  maxConnections: true,
-  connectTimeoutMs: true,
-  statementTimeoutMs: true,
-  connectionCheckIntervalMs: true,
-  migrate: true,
-});
-
 export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   const options = checkOptions('postgresStore()', given, OPTION_NAMES);
   if ((options.pool === undefined) === (options.connectionString === undefined)) {

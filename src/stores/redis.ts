@@ -14,6 +14,7 @@ import {
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
 
+/** Options of {@link redisStore}: one of `client` or `url`. */
 export interface RedisStoreOptions {
   /**
    * An ioredis client to use; the store defines its scripts on it and never closes it, and the
@@ -271,28 +272,6 @@ function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
-/**
- * A store on Redis (7.0 or later) through `ioredis`: a claim is one native `SET … NX … GET`, every
- * other step one Lua script (atomic, one round trip, times from the Redis server's clock), fenced by
- * the owner token; retention is the key's native TTL; `wait` listens on one pub/sub connection per
- * store, with polling as the fallback. Records written by 0.1.0 (hashes) are read until they expire.
- *
- * Durability: Redis is a cache unless configured otherwise. A Redis without persistence (no AOF,
- * no RDB, as many deployments run it) forgets every key when it restarts, so a retry that arrives
- * after a restart runs the operation again; with RDB snapshots it forgets the keys written since
- * the last snapshot. Use `appendonly yes` (`appendfsync everysec` or `always`) for keys that must
- * survive a restart, or the PostgreSQL store in atomic mode for exactly-once writes that live in
- * SQL. There is no atomic mode here: the lease protocol gives at most one concurrent execution, and
- * a re-execution only after a crash and the lease's expiry.
- *
- * `purgeExpired` deletes nothing and answers 0: Redis expires the keys itself.
- *
- * @example
- * ```ts
- * import { redisStore } from 'retrysafe/redis';
- * const store = redisStore({ url: 'redis://127.0.0.1:6379', prefix: 'shop:idem:' });
- * ```
- */
 const OPTION_NAMES = optionNames<RedisStoreOptions>({
   client: true,
   url: true,
@@ -327,6 +306,28 @@ function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprin
   }
 }
 
+/**
+ * A store on Redis (7.0 or later) through `ioredis`: a claim is one native `SET … NX … GET`, every
+ * other step one Lua script (atomic, one round trip, times from the Redis server's clock), fenced by
+ * the owner token; retention is the key's native TTL; `wait` listens on one pub/sub connection per
+ * store, with polling as the fallback. Records written by 0.1.0 (hashes) are read until they expire.
+ *
+ * Durability: Redis is a cache unless configured otherwise. A Redis without persistence (no AOF,
+ * no RDB, as many deployments run it) forgets every key when it restarts, so a retry that arrives
+ * after a restart runs the operation again; with RDB snapshots it forgets the keys written since
+ * the last snapshot. Use `appendonly yes` (`appendfsync everysec` or `always`) for keys that must
+ * survive a restart, or the PostgreSQL store in atomic mode for exactly-once writes that live in
+ * SQL. There is no atomic mode here: the lease protocol gives at most one concurrent execution, and
+ * a re-execution only after a crash and the lease's expiry.
+ *
+ * `purgeExpired` deletes nothing and answers 0: Redis expires the keys itself.
+ *
+ * @example
+ * ```ts
+ * import { redisStore } from 'retrysafe/redis';
+ * const store = redisStore({ url: 'redis://127.0.0.1:6379', prefix: 'shop:idem:' });
+ * ```
+ */
 export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   const options = checkOptions('redisStore()', given, OPTION_NAMES);
   if ((options.client === undefined) === (options.url === undefined)) {

@@ -27,6 +27,7 @@ import {
   Waiters,
 } from './internal.js';
 
+/** Options of {@link sqliteStore}. */
 export interface SqliteStoreOptions {
   /**
    * The database file to open (created if missing). Give this or `database`, not both.
@@ -185,6 +186,16 @@ export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
   ];
 }
 
+const OPTION_NAMES = optionNames<SqliteStoreOptions>({
+  filename: true,
+  database: true,
+  table: true,
+  busyTimeoutMs: true,
+  pollIntervalMs: true,
+  maxPollIntervalMs: true,
+  now: true,
+});
+
 /**
  * An idempotency store in a SQLite file through better-sqlite3 12: WAL, safe for several
  * processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
@@ -204,16 +215,6 @@ export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
  * });
  * ```
  */
-const OPTION_NAMES = optionNames<SqliteStoreOptions>({
-  filename: true,
-  database: true,
-  table: true,
-  busyTimeoutMs: true,
-  pollIntervalMs: true,
-  maxPollIntervalMs: true,
-  now: true,
-});
-
 export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   const options = checkOptions('sqliteStore()', given, OPTION_NAMES);
   const { filename, database } = options;
