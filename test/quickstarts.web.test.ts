@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -8,30 +8,35 @@ import { pack, run, serveOneReplay } from './support/quick-start.js';
 import { hasRedis, REDIS_URL } from './support/services.js';
 
 /**
- * The Web-standard quick starts (examples/fetch) as a user runs them: the packed tarball and the
- * runtimes' own npm packages (`bun`, `deno`, whose binaries ship in platform packages) installed
- * into a fresh project; the driver (ioredis) linked from this repository's node_modules.
+ * The Web-standard quick starts as a user runs them, each in a fresh project: the packed tarball
+ * and what the quick start needs from the npm registry (`bun` and `deno`, whose binaries ship in
+ * platform packages; `next` with its SWC binary, react, react-dom); the driver (ioredis) linked
+ * from this repository's node_modules. Installs prefer npm's cache, so only a first run downloads.
  */
 const root = join(import.meta.dirname, '..');
+// Inherited by `next build` and `next start`: no telemetry to send from a test.
+process.env.NEXT_TELEMETRY_DISABLED = '1';
 const work = mkdtempSync(join(tmpdir(), 'retrysafe-web-'));
 const RUNTIMES = {
   bun: ['node_modules/.bin/bun', 'bun.js'],
   deno: ['node_modules/.bin/deno', 'run', '--allow-net=127.0.0.1', '--allow-env', 'deno.js'],
 } as const;
 const keys: string[] = [];
+let tarball: string;
 let dir: string;
 
+/** A fresh project in `work` with the tarball and `packages` installed. */
+function project(name: string, packages: string[]): string {
+  const path = join(work, name);
+  mkdirSync(path);
+  writeFileSync(join(path, 'package.json'), JSON.stringify({ name, private: true, type: 'module' }));
+  run('npm', ['install', tarball, ...packages, '--prefer-offline', '--no-audit', '--no-fund'], path, 240_000);
+  return path;
+}
+
 beforeAll(() => {
-  const { tarball } = pack(work);
-  dir = join(work, 'web');
-  mkdirSync(dir);
-  writeFileSync(join(dir, 'package.json'), JSON.stringify({ name: 'web', private: true, type: 'module' }));
-  run(
-    'npm',
-    ['install', tarball, 'bun', 'deno', '--prefer-offline', '--no-audit', '--no-fund'],
-    dir,
-    240_000,
-  );
+  ({ tarball } = pack(work));
+  dir = project('web', ['bun', 'deno']);
   symlinkSync(join(root, 'node_modules/ioredis'), join(dir, 'node_modules/ioredis'), 'dir');
   for (const file of ['orders.js', 'bun.js', 'deno.js'])
     copyFileSync(join(root, 'examples/fetch', file), join(dir, file));
@@ -67,3 +72,21 @@ describe.each(Object.entries(RUNTIMES))(
     );
   },
 );
+
+describe('the Next.js 16 quick start (examples/nextjs, an App Router route handler)', () => {
+  let next: string;
+  beforeAll(() => {
+    next = project('nextjs', ['next@16', 'react', 'react-dom']);
+    cpSync(join(root, 'examples/nextjs/app'), join(next, 'app'), { recursive: true });
+    run(join(next, 'node_modules/.bin/next'), ['build'], next, 240_000);
+  }, 480_000);
+
+  it('next start: 400 without a key, then a replay', { timeout: 60_000 }, async () => {
+    await serveOneReplay({
+      command: join(next, 'node_modules/.bin/next'),
+      args: ['start', '-H', '127.0.0.1'],
+      cwd: next,
+      ready: /Ready in/,
+    });
+  });
+});
