@@ -1,19 +1,8 @@
-import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import {
-  cpSync,
-  existsSync,
-  mkdirSync,
-  mkdtempSync,
-  readFileSync,
-  rmSync,
-  symlinkSync,
-  writeFileSync,
-} from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { freePort } from './support/free-port.js';
+import { pack, run, serveOneReplay } from './support/quick-start.js';
 
 /**
  * The package as a user gets it, following the README's install words: a fresh checkout (this
@@ -45,13 +34,9 @@ const PEERS = [
   'better-sqlite3',
 ];
 const TYPES = ['typescript', '@types/node', '@types/express', '@types/better-sqlite3'];
-const children: ChildProcess[] = [];
 let checkout: string;
 let tarball: string;
 let files: string[];
-
-const run = (cmd: string, args: string[], cwd: string) =>
-  execFileSync(cmd, args, { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout: 120_000 });
 
 function project(name: string, packageJson: object, links: string[]): string {
   const dir = join(work, name);
@@ -75,68 +60,14 @@ function asCommonJs(source: string): string {
   return `(async () => {\n${body}\n})();\n`;
 }
 
-/** Starts `file` in `dir` and checks the quick start's promise: 400 without a key, then a replay. */
-async function serveOneReplay(dir: string, file: string): Promise<void> {
-  const port = await freePort();
-  const child = spawn(process.execPath, [file], {
-    cwd: dir,
-    env: { ...process.env, PORT: String(port), HOST: '127.0.0.1' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  children.push(child);
-  let stderr = '';
-  child.stderr!.on('data', (chunk) => {
-    stderr += chunk;
-  });
-  await new Promise<void>((resolve, reject) => {
-    child.once('exit', (code) => reject(new Error(`${file} exited with ${code}:\n${stderr}`)));
-    createInterface({ input: child.stdout! }).on('line', (line) => {
-      if (line.includes('listening on')) resolve();
-    });
-  });
-  const order = (key?: string) =>
-    fetch(`http://127.0.0.1:${port}/orders`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
-      body: JSON.stringify({ item: 'book' }),
-    });
-  try {
-    expect((await order()).status).toBe(400);
-    const first = await order('order-1');
-    expect(first.status).toBe(201);
-    const body = await first.json();
-    expect(body).toEqual({ id: 1, order: { item: 'book' }, key: 'order-1' });
-    const retry = await order('order-1');
-    expect(retry.headers.get('idempotency-replayed')).toBe('true');
-    expect(await retry.json()).toEqual(body);
-  } finally {
-    child.kill();
-  }
-}
-
-/** The repository's files as a clone has them: tracked or new, never ignored (no dist/). */
-function freshCheckout(): string {
-  const dir = join(work, 'checkout');
-  const paths = run('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard'], root).split(
-    '\0',
-  );
-  for (const path of paths.filter((p) => p !== '' && existsSync(join(root, p)))) {
-    cpSync(join(root, path), join(dir, path));
-  }
-  symlinkSync(join(root, 'node_modules'), join(dir, 'node_modules'), 'dir');
-  return dir;
-}
+/** Runs `file` with node in `dir`: the quick start's promise, over HTTP. */
+const serveWithNode = (dir: string, file: string) =>
+  serveOneReplay({ command: process.execPath, args: [file], cwd: dir });
 
 beforeAll(() => {
-  checkout = freshCheckout();
-  const packed = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', work], checkout)) as [
-    { filename: string; files: { path: string }[] },
-  ];
-  tarball = join(work, packed[0].filename);
-  files = packed[0].files.map((file) => file.path);
+  ({ tarball, files, checkout } = pack(work));
 }, 120_000);
 afterAll(() => {
-  for (const child of children) child.kill();
   rmSync(work, { recursive: true, force: true });
 });
 
@@ -184,7 +115,7 @@ describe('an ES-module JavaScript project', () => {
 
   it.each(FRAMEWORKS)('runs the %s quick start', { timeout: 30_000 }, async (framework) => {
     writeFileSync(join(dir, `${framework}.js`), quickStart(framework));
-    await serveOneReplay(dir, `${framework}.js`);
+    await serveWithNode(dir, `${framework}.js`);
   });
 
   it('a misspelt option fails at once, naming the option meant', () => {
@@ -243,7 +174,7 @@ describe('a strict TypeScript project (module nodenext)', () => {
     'runs the compiled %s quick start',
     { timeout: 30_000 },
     async (framework) => {
-      await serveOneReplay(dir, `out/${framework}.js`);
+      await serveWithNode(dir, `out/${framework}.js`);
     },
   );
 });
@@ -259,7 +190,7 @@ describe('a CommonJS project', () => {
     { timeout: 30_000 },
     async (framework) => {
       writeFileSync(join(dir, `${framework}.js`), asCommonJs(quickStart(framework)));
-      await serveOneReplay(dir, `${framework}.js`);
+      await serveWithNode(dir, `${framework}.js`);
     },
   );
 });

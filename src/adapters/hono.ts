@@ -2,16 +2,15 @@ import type { Context, MiddlewareHandler } from 'hono';
 import { HTTPException } from 'hono/http-exception';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import {
-  type CapturedResponse,
   createIdempotency,
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
   type RegisteredTx,
-  type StoredResponse,
 } from '../core/index.js';
 import { checkOptions } from '../core/option-names.js';
 import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { capture, pathAndQuery, toResponse } from './web.js';
 
 /** Options of `retrysafe/hono`'s `idempotency`: the engine's over Hono's `Context`. */
 export type HonoIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Context, Tx>;
@@ -72,7 +71,7 @@ export function idempotency<Tx = RegisteredTx>(
           // Hono hands a handler's error to app.onError before we get back here; rethrowing it
           // tells the engine to release the key.
           if (c.error) throw c.error;
-          const captured = await capture(engine, c.res);
+          const captured = await capture(engine.collect(), c.res);
           sent = captured.send;
           return captured.response;
         },
@@ -113,72 +112,10 @@ export function idempotency<Tx = RegisteredTx>(
   };
 }
 
-function pathAndQuery(url: string): string {
-  const parsed = new URL(url);
-  return parsed.pathname + parsed.search;
-}
-
 async function bodyOf(c: Context, engine: Idempotency<Context, unknown>): Promise<Uint8Array> {
   const declared = Number(c.req.header('content-length'));
   if (declared > engine.maxBodyBytes) throw engine.bodyTooLarge();
   const body = new Uint8Array(await c.req.arrayBuffer());
   if (body.byteLength > engine.maxBodyBytes) throw engine.bodyTooLarge();
   return body;
-}
-
-// These statuses forbid a body; the Response constructor throws on an empty one.
-const NULL_BODY = new Set([101, 103, 204, 205, 304]);
-
-function toResponse(stored: StoredResponse): Response {
-  return new Response(NULL_BODY.has(stored.status) ? null : (stored.body as Uint8Array<ArrayBuffer>), {
-    status: stored.status,
-    headers: stored.headers,
-  });
-}
-
-/**
- * Reads the handler's Response into the engine's collector and gives back the response to send in
- * its place (its body was consumed): the whole body when it was kept; past `maxResponseBytes`,
- * what was read followed by the rest of the stream (lease mode), or nothing (atomic mode).
- */
-async function capture(
-  engine: Idempotency<Context, unknown>,
-  res: Response,
-): Promise<{ response: CapturedResponse; send: Response }> {
-  const collector = engine.collect();
-  const init = { status: res.status, statusText: res.statusText, headers: res.headers };
-  const captured = () => collector.response(res.status, (name) => res.headers.get(name));
-  if (res.body === null) return { response: captured(), send: new Response(null, init) };
-
-  const reader = res.body.getReader();
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) {
-      const response = captured();
-      const body = NULL_BODY.has(res.status) ? null : (response.body as Uint8Array<ArrayBuffer>);
-      return { response, send: new Response(body, init) };
-    }
-    const state = collector.add(value);
-    if (state === 'drop') {
-      await reader.cancel();
-      return { response: captured(), send: new Response(null, init) };
-    }
-    if (state === 'stream') break;
-  }
-  const kept = collector.take();
-  const rest = new ReadableStream<Uint8Array>({
-    start(controller) {
-      for (const chunk of kept) controller.enqueue(chunk);
-      kept.length = 0;
-    },
-    async pull(controller) {
-      const { done, value } = await reader.read();
-      if (done) controller.close();
-      else controller.enqueue(value);
-    },
-    cancel(reason) {
-      return reader.cancel(reason);
-    },
-  });
-  return { response: captured(), send: new Response(rest, init) };
 }

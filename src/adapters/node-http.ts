@@ -106,8 +106,8 @@ function answer(
  * the server for ever. 8 MiB covers the few-megabyte uploads that typically overshoot the 1 MiB
  * default limit; 5 s is ample to carry that much on any working link.
  */
-const DRAIN_MAX_BYTES = 8 * 1024 * 1024;
-const DRAIN_MAX_MS = 5_000;
+export const DRAIN_MAX_BYTES = 8 * 1024 * 1024;
+export const DRAIN_MAX_MS = 5_000;
 
 /**
  * Makes the answer to a request whose body will not be read arrive instead of a reset:

@@ -1,0 +1,162 @@
+import {
+  createIdempotency,
+  type Idempotency,
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  type RegisteredTx,
+} from '../core/index.js';
+import { checkOptions } from '../core/option-names.js';
+import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './node-http.js';
+import { capture, pathAndQuery, toResponse } from './web.js';
+
+/** Options of `retrysafe/fetch`'s `idempotency`: the engine's over Web-standard `Request`s. */
+export type FetchIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Request, Tx>;
+
+/** A Web-standard handler: Next.js route handlers, `Bun.serve`, `Deno.serve`, React Router actions… */
+export type FetchHandler<R extends Request = Request, Rest extends unknown[] = unknown[]> = (
+  request: R,
+  ...rest: Rest
+) => Response | Promise<Response>;
+
+// Keyed by the very Request the handler gets, so a handler finds its context whatever the
+// runtime hands it besides (Next.js' route context, Bun's server, Deno's info).
+const contexts = new WeakMap<Request, IdempotencyContext<unknown>>();
+
+/**
+ * The idempotency context of a request a guarded handler is answering: set for requests guarded
+ * by an Idempotency-Key; `undefined` for a method that is not guarded or a request without a key
+ * on an optional route.
+ */
+export function idempotencyOf<Tx = RegisteredTx>(request: Request): IdempotencyContext<Tx> | undefined {
+  return contexts.get(request) as IdempotencyContext<Tx> | undefined;
+}
+
+/**
+ * Guards Web-standard `(request, ...rest) => Response` handlers with Idempotency-Key, on any
+ * runtime with `Request` and `Response`: Node (Next.js, @hono/node-server's `serve`), Bun, Deno,
+ * workers. `idempotency(options)` returns `guard`; `guard(handler)` returns a handler of the same
+ * shape. The body is fingerprinted from a clone, so the handler reads `request.json()` as usual
+ * (413 past `maxBodyBytes`, before the handler runs). The Response the handler returns is
+ * captured, saved, and replayed to retries as a fresh Response; past `maxResponseBytes` it is
+ * streamed through in lease mode, not saved, and the key released. Engine errors (400, 409/422,
+ * 413, 503) are answered as Responses (JSON, or `onError`'s rendering). An error the handler
+ * throws releases the key and is thrown on, to the runtime's own error path.
+ * @example
+ * const guard = idempotency({ store: memoryStore(), required: true });
+ * export const POST = guard(async (request) => {
+ *   const order = await createOrder(await request.json(), idempotencyOf(request)?.key);
+ *   return Response.json(order, { status: 201 });
+ * });
+ */
+export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<Tx>) {
+  const engine = createIdempotency<Request, Tx>(
+    checkOptions('fetch idempotency()', options, ENGINE_OPTION_NAMES),
+  );
+  return function guard<R extends Request, Rest extends unknown[]>(
+    handler: FetchHandler<R, Rest>,
+  ): (request: R, ...rest: Rest) => Promise<Response> {
+    return async function idempotentHandler(request: R, ...rest: Rest): Promise<Response> {
+      let sent: Response | undefined;
+      const outcome = await engine.handle(
+        {
+          method: request.method,
+          path: pathAndQuery(request.url),
+          keyHeader: (engine.keyHeader && request.headers.get(engine.keyHeader)) ?? undefined,
+          contentType: request.headers.get('content-type') ?? undefined,
+          acceptEncoding: request.headers.get('accept-encoding') ?? undefined,
+          authorization: request.headers.get('authorization') ?? undefined,
+          readBody: () => bodyOf(request, engine),
+          raw: request,
+        },
+        async (ctx) => {
+          contexts.set(request, ctx);
+          const captured = await capture(engine.collect(), await handler(request, ...rest));
+          sent = captured.send;
+          return captured.response;
+        },
+      );
+      switch (outcome.kind) {
+        case 'pass':
+          return handler(request, ...rest);
+        case 'executed':
+          return sent as Response;
+        case 'replayed':
+          // After a handler whose lease was lost, its answer goes unsent: let go of its stream.
+          await sent?.body?.cancel();
+          return toResponse(outcome.response);
+        case 'rejected':
+          // Atomic mode could not commit what the handler answered: none of it may reach the client.
+          await sent?.body?.cancel();
+          return toResponse(engine.render(outcome.error));
+      }
+    };
+  };
+}
+
+/**
+ * The body's bytes, read from a clone: the handler's own Request keeps its body unread. Stops
+ * reading past `maxBodyBytes`, with or without a Content-Length; the rest of a refused body is
+ * then read and dropped (within the bounds node:http's adapters drain by) before the 413 goes
+ * out, since a server that closes on unread bytes resets the connection, and a client still
+ * uploading sees that reset instead of the 413.
+ */
+async function bodyOf(request: Request, engine: Idempotency<Request, unknown>): Promise<Uint8Array> {
+  if (request.body === null) return new Uint8Array(0);
+  if (!(Number(request.headers.get('content-length')) > engine.maxBodyBytes)) {
+    const body = await readUpTo(
+      (request.clone().body as ReadableStream<Uint8Array>).getReader(),
+      engine.maxBodyBytes,
+    );
+    if (body !== undefined) return body;
+  }
+  // The handler will not run: its copy of the body is ours to drop.
+  await drop(request.body.getReader());
+  throw engine.bodyTooLarge();
+}
+
+/** The whole stream's bytes, or `undefined` (and the stream cancelled) past `limit`. */
+async function readUpTo(
+  reader: ReadableStreamDefaultReader<Uint8Array>,
+  limit: number,
+): Promise<Uint8Array | undefined> {
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    size += value.byteLength;
+    if (size > limit) {
+      // Not awaited: cancelling one branch of a clone settles only once the other is cancelled too.
+      void reader.cancel();
+      return undefined;
+    }
+    chunks.push(value);
+  }
+  if (chunks.length === 1) return chunks[0] as Uint8Array;
+  const body = new Uint8Array(size);
+  let offset = 0;
+  for (const chunk of chunks) {
+    body.set(chunk, offset);
+    offset += chunk.byteLength;
+  }
+  return body;
+}
+
+/** Reads and drops the rest of a body, up to `DRAIN_MAX_BYTES` and `DRAIN_MAX_MS`. */
+async function drop(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<void> {
+  const timer = setTimeout(() => void reader.cancel(), DRAIN_MAX_MS);
+  let bytes = 0;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) return;
+      bytes += value.byteLength;
+      if (bytes > DRAIN_MAX_BYTES) return void reader.cancel();
+    }
+  } catch {
+    // The client went away: there is nothing left to drop.
+  } finally {
+    clearTimeout(timer);
+  }
+}

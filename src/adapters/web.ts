@@ -1,0 +1,67 @@
+import type { CapturedResponse, ResponseCollector, StoredResponse } from '../core/index.js';
+
+// Response capture and replay shared by the adapters that see Web-standard Request/Response
+// objects (Hono, retrysafe/fetch).
+
+/** Path and query string of a request URL. */
+export function pathAndQuery(url: string): string {
+  const parsed = new URL(url);
+  return parsed.pathname + parsed.search;
+}
+
+// These statuses forbid a body; the Response constructor throws on an empty one.
+const NULL_BODY = new Set([101, 103, 204, 205, 304]);
+
+/** A fresh Response for a stored one (a replay, or an engine error's rendering). */
+export function toResponse(stored: StoredResponse): Response {
+  return new Response(NULL_BODY.has(stored.status) ? null : (stored.body as Uint8Array<ArrayBuffer>), {
+    status: stored.status,
+    headers: stored.headers,
+  });
+}
+
+/**
+ * Reads the handler's Response into the engine's collector and gives back the response to send in
+ * its place (its body was consumed): the whole body when it was kept; past `maxResponseBytes`,
+ * what was read followed by the rest of the stream (lease mode), or nothing (atomic mode).
+ */
+export async function capture(
+  collector: ResponseCollector,
+  res: Response,
+): Promise<{ response: CapturedResponse; send: Response }> {
+  const init = { status: res.status, statusText: res.statusText, headers: res.headers };
+  const captured = () => collector.response(res.status, (name) => res.headers.get(name));
+  if (res.body === null) return { response: captured(), send: new Response(null, init) };
+
+  const reader = res.body.getReader();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) {
+      const response = captured();
+      const body = NULL_BODY.has(res.status) ? null : (response.body as Uint8Array<ArrayBuffer>);
+      return { response, send: new Response(body, init) };
+    }
+    const state = collector.add(value);
+    if (state === 'drop') {
+      await reader.cancel();
+      return { response: captured(), send: new Response(null, init) };
+    }
+    if (state === 'stream') break;
+  }
+  const kept = collector.take();
+  const rest = new ReadableStream<Uint8Array>({
+    start(controller) {
+      for (const chunk of kept) controller.enqueue(chunk);
+      kept.length = 0;
+    },
+    async pull(controller) {
+      const { done, value } = await reader.read();
+      if (done) controller.close();
+      else controller.enqueue(value);
+    },
+    cancel(reason) {
+      return reader.cancel(reason);
+    },
+  });
+  return { response: captured(), send: new Response(rest, init) };
+}

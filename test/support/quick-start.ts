@@ -1,0 +1,100 @@
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
+import { cpSync, existsSync, symlinkSync } from 'node:fs';
+import { join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { expect } from 'vitest';
+import { freePort } from './free-port.js';
+
+// The package as a user gets it (`npm pack`) and a README quick start's promise checked over HTTP:
+// shared by the packed-package test and the Web-standard runtimes' (Bun, Deno, Next.js).
+
+const root = join(import.meta.dirname, '../..');
+
+export const run = (cmd: string, args: string[], cwd: string, timeout = 120_000) =>
+  execFileSync(cmd, args, { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout });
+
+/** This repository's files as a clone has them in `dir`: tracked or new, never ignored (no dist/). */
+function freshCheckout(dir: string): string {
+  const paths = run('git', ['ls-files', '-z', '--cached', '--others', '--exclude-standard'], root).split(
+    '\0',
+  );
+  for (const path of paths.filter((p) => p !== '' && existsSync(join(root, p)))) {
+    cpSync(join(root, path), join(dir, path));
+  }
+  symlinkSync(join(root, 'node_modules'), join(dir, 'node_modules'), 'dir');
+  return dir;
+}
+
+/**
+ * Packs this repository into `dir` as the README tells a user to: `npm pack` in a fresh checkout
+ * (its `prepack` builds dist/). The tarball's path, the files it ships, and the checkout.
+ */
+export function pack(dir: string): { tarball: string; files: string[]; checkout: string } {
+  const checkout = freshCheckout(join(dir, 'checkout'));
+  const packed = JSON.parse(run('npm', ['pack', '--json', '--pack-destination', dir], checkout)) as [
+    { filename: string; files: { path: string }[] },
+  ];
+  return {
+    tarball: join(dir, packed[0].filename),
+    files: packed[0].files.map((file) => file.path),
+    checkout,
+  };
+}
+
+export interface QuickStartServer {
+  /** The command and its arguments; PORT and HOST are set in its environment. */
+  command: string;
+  args: string[];
+  cwd: string;
+  env?: Record<string, string>;
+  /** The line on stdout that says the server listens; `listening on` unless told. */
+  ready?: RegExp;
+}
+
+/**
+ * Starts a quick start's server on a free loopback port, checks its promise (400 without a key,
+ * then 201 and a replay of it under one key), and stops it. `key` names the operation.
+ */
+export async function serveOneReplay(server: QuickStartServer, key = 'order-1'): Promise<void> {
+  const port = await freePort();
+  const child: ChildProcess = spawn(server.command, server.args, {
+    cwd: server.cwd,
+    env: { ...process.env, ...server.env, PORT: String(port), HOST: '127.0.0.1' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  child.stderr!.on('data', (chunk) => {
+    output += chunk;
+  });
+  const ready = server.ready ?? /listening on/;
+  try {
+    await new Promise<void>((resolve, reject) => {
+      child.once('exit', (code) => reject(new Error(`${server.command} exited with ${code}:\n${output}`)));
+      createInterface({ input: child.stdout! }).on('line', (line) => {
+        output += `${line}\n`;
+        if (ready.test(line)) resolve();
+      });
+    });
+    const order = (withKey?: string) =>
+      fetch(`http://127.0.0.1:${port}/orders`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...(withKey ? { 'idempotency-key': withKey } : {}) },
+        body: JSON.stringify({ item: 'book' }),
+        signal: AbortSignal.timeout(15_000),
+      });
+    expect((await order()).status).toBe(400);
+    const first = await order(key);
+    expect(first.status).toBe(201);
+    const body = await first.json();
+    expect(body).toEqual({ id: 1, order: { item: 'book' }, key });
+    const retry = await order(key);
+    expect(retry.headers.get('idempotency-replayed')).toBe('true');
+    expect(await retry.json()).toEqual(body);
+  } finally {
+    const exited = new Promise((resolve) => child.once('exit', resolve));
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill();
+      await exited;
+    }
+  }
+}
