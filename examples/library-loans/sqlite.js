@@ -13,6 +13,8 @@ const SCHEMA = `
     "return" TEXT
   );`;
 const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
+// The desk's own secrets, made once (see `scopeSecret`).
+const SECRET_TABLE = 'CREATE TABLE IF NOT EXISTS desk_secret (name TEXT PRIMARY KEY, value TEXT NOT NULL)';
 
 /**
  * The loan desk's tables in a SQLite file, on the idempotency store's own connection so a keyed
@@ -40,6 +42,7 @@ export async function openSqlite({ filename, setup, now }) {
   if (setup) {
     await store.transaction(() => {
       db.exec(SCHEMA);
+      db.exec(SECRET_TABLE);
       const book = db.prepare(
         'INSERT OR IGNORE INTO book (isbn, title, author) VALUES (@isbn, @title, @author)',
       );
@@ -76,6 +79,15 @@ export async function openSqlite({ filename, setup, now }) {
     listBooks: async () => allBooks.all(),
     listMembers: async () => allMembers.all(),
     countLoans: async () => loanCount.get(),
+    /** The secret named `name`, made from `candidate` by the first process to ask; the same for all. */
+    async secret(name, candidate) {
+      await store.transaction(() =>
+        db
+          .prepare('INSERT INTO desk_secret (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING')
+          .run(name, candidate),
+      );
+      return db.prepare('SELECT value FROM desk_secret WHERE name = ?').pluck().get(name);
+    },
     close: async () => {
       reader.close();
       await store.close();
