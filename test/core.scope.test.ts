@@ -2,7 +2,9 @@ import { createHash, createHmac } from 'node:crypto';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/core/errors.js';
+import { resolveOptions } from '../src/core/resolve-options.js';
 import { credentialScope } from '../src/core/scope.js';
+import { memoryStore } from '../src/stores/memory.js';
 
 const SECRET = 'a deployment secret of 32 bytes!';
 
@@ -46,5 +48,20 @@ describe('credentialScope', () => {
   it('is empty without a credential', () => {
     expect(credentialScope(undefined)).toBe('');
     expect(credentialScope(undefined, SECRET)).toBe('');
+  });
+});
+
+describe('the default scope with scopeSecret', () => {
+  const store = memoryStore();
+  const request = { authorization: 'Basic dXNlcjpodW50ZXIy' } as never;
+
+  it('is credentialScope(authorization, scopeSecret)', async () => {
+    const { scopeOf } = resolveOptions({ store, scopeSecret: SECRET });
+    expect(await scopeOf(request)).toBe(credentialScope('Basic dXNlcjpodW50ZXIy', SECRET));
+    expect(await resolveOptions({ store }).scopeOf(request)).toBe(credentialScope('Basic dXNlcjpodW50ZXIy'));
+  });
+
+  it('refuses a short secret with a ConfigError naming the option', () => {
+    expect(() => resolveOptions({ store, scopeSecret: 'short' })).toThrow(/option `scopeSecret`/);
   });
 });
