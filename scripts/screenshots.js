@@ -10,7 +10,12 @@ import { launchChromium } from '../test/support/browser.js';
 
 const docs = fileURLToPath(new URL('../docs/', import.meta.url));
 const dir = mkdtempSync(path.join(tmpdir(), 'loan-desk-screenshots-'));
-const config = readConfig({ DATABASE_URL: path.join(dir, 'library.db'), PORT: '0', DEMO_FAULTS: '1' });
+const config = readConfig({
+  DATABASE_URL: path.join(dir, 'library.db'),
+  PORT: '0',
+  DEMO_FAULTS: '1',
+  ADMIN_LOOPBACK: '1',
+});
 const desk = await startLoanDesk(config, { setup: true });
 const browser = await launchChromium();
 try {

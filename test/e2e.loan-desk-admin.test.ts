@@ -1,9 +1,10 @@
-import { randomUUID } from 'node:crypto';
+import { createHash, randomUUID } from 'node:crypto';
 import http from 'node:http';
 import { networkInterfaces } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { adminAccess } from '../examples/library-loans/admin.js';
 import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
+import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
  * The desk's pages, its admin API over the key store (GET/DELETE /admin/keys…) and who may use it,
@@ -33,42 +34,76 @@ function fakeRequest(remoteAddress: string, headers: Record<string, string>) {
   return { socket: { remoteAddress }, headers } as never;
 }
 
+const LOOPBACK = { adminToken: undefined, adminLoopback: true };
+const TOKEN = { adminToken: 's3cret', adminLoopback: false };
+
 describe('adminAccess', () => {
-  it('without ADMIN_TOKEN admits loopback callers that name a loopback host, and no one else', () => {
+  it('without ADMIN_TOKEN or ADMIN_LOOPBACK admits no one, loopback included', () => {
+    expect(
+      adminAccess(fakeRequest('127.0.0.1', { host: '127.0.0.1:8483' }), {
+        adminToken: undefined,
+        adminLoopback: false,
+      }).allowed,
+    ).toBe(false);
+  });
+
+  it('never counts a forwarded request as loopback', () => {
+    for (const header of ['x-forwarded-for', 'forwarded', 'via']) {
+      const req = fakeRequest('127.0.0.1', { host: '127.0.0.1:8483', [header]: '1.1 nginx' });
+      expect(adminAccess(req, LOOPBACK).allowed, header).toBe(false);
+    }
+  });
+
+  it('with ADMIN_LOOPBACK=1 admits loopback callers that name a loopback host, and no one else', () => {
     for (const [address, host] of [
       ['127.0.0.1', '127.0.0.1:8483'],
       ['::1', '[::1]:8483'],
       ['::ffff:127.0.0.1', 'localhost:8483'],
     ]) {
-      expect(adminAccess(fakeRequest(address!, { host: host! }), undefined).allowed).toBe(true);
+      expect(adminAccess(fakeRequest(address!, { host: host! }), LOOPBACK).allowed).toBe(true);
     }
-    expect(adminAccess(fakeRequest('192.0.2.9', { host: '127.0.0.1:8483' }), undefined).allowed).toBe(false);
-    expect(adminAccess(fakeRequest('::ffff:10.0.0.1', { host: 'localhost' }), undefined).allowed).toBe(false);
+    expect(adminAccess(fakeRequest('192.0.2.9', { host: '127.0.0.1:8483' }), LOOPBACK).allowed).toBe(false);
+    expect(adminAccess(fakeRequest('::ffff:10.0.0.1', { host: 'localhost' }), LOOPBACK).allowed).toBe(false);
     // A page whose name was rebound to 127.0.0.1 still sends its own name as Host.
-    expect(adminAccess(fakeRequest('127.0.0.1', { host: 'evil.example:8483' }), undefined).allowed).toBe(
+    expect(adminAccess(fakeRequest('127.0.0.1', { host: 'evil.example:8483' }), LOOPBACK).allowed).toBe(
       false,
     );
   });
 
   it('with ADMIN_TOKEN requires the bearer token from every caller, loopback included', () => {
     const local = { host: '127.0.0.1:8483' };
-    expect(adminAccess(fakeRequest('127.0.0.1', local), 's3cret').allowed).toBe(false);
+    expect(adminAccess(fakeRequest('127.0.0.1', local), TOKEN).allowed).toBe(false);
     expect(
-      adminAccess(fakeRequest('127.0.0.1', { ...local, authorization: 'Bearer wrong' }), 's3cret').allowed,
+      adminAccess(fakeRequest('127.0.0.1', { ...local, authorization: 'Bearer wrong' }), TOKEN).allowed,
     ).toBe(false);
     expect(
-      adminAccess(fakeRequest('192.0.2.9', { ...local, authorization: 'Bearer s3cret' }), 's3cret').allowed,
+      adminAccess(fakeRequest('192.0.2.9', { ...local, authorization: 'Bearer s3cret' }), TOKEN).allowed,
     ).toBe(true);
     expect(
-      adminAccess(fakeRequest('127.0.0.1', { ...local, authorization: 'bearer s3cret' }), 's3cret').allowed,
+      adminAccess(fakeRequest('127.0.0.1', { ...local, authorization: 'bearer s3cret' }), TOKEN).allowed,
     ).toBe(true);
   });
 });
 
-describe('loan desk pages and admin API (loopback, no ADMIN_TOKEN)', () => {
+describe('loan desk admin API with no settings', () => {
+  it('answers 401 on loopback and logs how to open it', async () => {
+    const desk = await startLoanDesk();
+    try {
+      const response = await fetch(`${desk.baseUrl}/admin/keys`);
+      expect(response.status).toBe(401);
+      expect(await response.json()).toMatchObject({ error: 'unauthorized', message: /ADMIN_TOKEN/ });
+      expect((await fetch(`${desk.baseUrl}/keys`)).status).toBe(200);
+      expect(desk.output()).toMatch(/\/keys.*ADMIN_TOKEN.*ADMIN_LOOPBACK=1/);
+    } finally {
+      await desk.stop();
+    }
+  });
+});
+
+describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () => {
   let desk: LoanDesk;
   beforeAll(async () => {
-    desk = await startLoanDesk({ env: { HOST: '0.0.0.0' } });
+    desk = await startLoanDesk({ env: { HOST: '0.0.0.0', ADMIN_LOOPBACK: '1' } });
   }, 30_000);
   afterAll(() => desk?.stop());
 
@@ -138,6 +173,15 @@ describe('loan desk pages and admin API (loopback, no ADMIN_TOKEN)', () => {
     expect((await listLoans(local())).length).toBe(before + 1);
   });
 
+  it('answers 401 to a loopback request a proxy forwarded', async () => {
+    for (const header of ['x-forwarded-for', 'forwarded', 'via']) {
+      const response = await fetch(`${local()}/admin/keys`, { headers: { [header]: '127.0.0.1' } });
+      expect(response.status, header).toBe(401);
+      expect(await response.json()).toMatchObject({ error: 'unauthorized' });
+    }
+    expect((await fetch(`${local()}/admin/keys`)).status).toBe(200);
+  });
+
   it('answers 400 to a bad limit or cursor', async () => {
     expect(await getJson(local(), '/admin/keys?limit=0')).toMatchObject({
       status: 400,
@@ -184,6 +228,29 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
     expect(await right.json()).toMatchObject({ records: expect.any(Array) });
   });
 
+  it('/metrics wants the token too', async () => {
+    expect((await fetch(`${desk.baseUrl}/metrics`)).status).toBe(401);
+    const right = await fetch(`${desk.baseUrl}/metrics`, {
+      headers: { authorization: 'Bearer token-for-test' },
+    });
+    expect(right.status).toBe(200);
+    expect(await right.text()).toContain('retrysafe_outcomes_total');
+  });
+
+  it('shows a keyed digest as the scope, not the sha256 of the Authorization', async () => {
+    const key = `scope-${randomUUID()}`;
+    const token = `weak-${randomUUID()}`;
+    expect((await postLoan(desk.baseUrl, loan('2026-05-04'), { key, token })).status).toBe(201);
+    const listed = await fetch(`${desk.baseUrl}/admin/keys?limit=1000`, {
+      headers: { authorization: 'Bearer token-for-test' },
+    });
+    const { records } = await listed.json();
+    const { scope } = records.find((r: { key: string }) => r.key === key);
+    const unkeyed = createHash('sha256').update(`Bearer ${token}`).digest('base64url');
+    expect(scope).toMatch(/^hmac-sha256:/);
+    expect(scope).not.toContain(unkeyed);
+  });
+
   it('a marked loan is lent and its answer lost; the retry with the same key replays that loan', async () => {
     const key = `lossy-${randomUUID()}`;
     const before = (await listLoans(desk.baseUrl)).length;
@@ -197,4 +264,25 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
     expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
     expect(await getJson(desk.baseUrl, '/demo')).toMatchObject({ body: { demoFaults: true } });
   });
+});
+
+describe.skipIf(!hasPostgres)('two desks on one PostgreSQL database', () => {
+  it('agree on the scope secret: a key sent to one replays on the other', async () => {
+    const schema = uniqueName('desk_secret');
+    const env = { DATABASE_URL: `${PG_URL}?schema=${schema}` };
+    const first = await startLoanDesk({ env });
+    const second = await startLoanDesk({ env });
+    try {
+      const key = `shared-${randomUUID()}`;
+      const sent = await postLoan(first.baseUrl, loan('2026-05-05'), { key, token: 'member-token' });
+      expect(sent.status).toBe(201);
+      const again = await postLoan(second.baseUrl, loan('2026-05-05'), { key, token: 'member-token' });
+      expect(again.status).toBe(201);
+      expect(again.headers.get('idempotency-replayed')).toBe('true');
+      expect(again.body).toEqual(sent.body);
+    } finally {
+      await Promise.all([first.stop(), second.stop()]);
+      await dropSchemas(schema);
+    }
+  }, 60_000);
 });

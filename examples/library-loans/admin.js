@@ -12,31 +12,63 @@ function isLoopbackAddress(address = '') {
   return plain === '::1' || (isIP(plain) === 4 && plain.startsWith('127.'));
 }
 
-/**
- * Who may use the admin API. With `adminToken` set, every caller must send
- * `Authorization: Bearer <token>` (from loopback too: behind a reverse proxy every caller comes
- * from loopback). Without it only loopback callers may, and only with a loopback `Host`, so a web
- * page whose DNS name was rebound to 127.0.0.1 cannot read or delete keys through a browser.
- */
-export function adminAccess(req, adminToken) {
-  if (adminToken) {
-    const match = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
-    // Equal-length digests: the comparison takes the same time whatever the token sent.
-    if (match && timingSafeEqual(digest(match[1]), digest(adminToken))) return { allowed: true };
-    return { allowed: false, message: 'Send the desk’s ADMIN_TOKEN as "Authorization: Bearer <token>".' };
-  }
+// A proxy on the same host connects from loopback for every caller; these mark its requests.
+const FORWARDING_HEADERS = ['x-forwarded-for', 'forwarded', 'via'];
+
+/** Whether the request carries `Authorization: Bearer <adminToken>`, compared in constant time. */
+export function hasAdminToken(req, adminToken) {
+  const match = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.authorization ?? '');
+  // Equal-length digests: the comparison takes the same time whatever the token sent.
+  return Boolean(match) && timingSafeEqual(digest(match[1]), digest(adminToken));
+}
+
+function isTrustedLoopback(req) {
+  if (FORWARDING_HEADERS.some((name) => req.headers[name] !== undefined)) return false;
   let host;
   try {
     host = new URL(`http://${req.headers.host ?? ''}`).hostname;
   } catch {
     host = '';
   }
-  if (isLoopbackAddress(req.socket.remoteAddress) && LOOPBACK_NAMES.has(host)) return { allowed: true };
+  return isLoopbackAddress(req.socket.remoteAddress) && LOOPBACK_NAMES.has(host);
+}
+
+/**
+ * Who may use the admin API: closed unless the desk runs with `adminToken` (every caller sends
+ * `Authorization: Bearer <token>`) or `adminLoopback` (callers on loopback naming a loopback
+ * `Host`, so a page whose DNS name was rebound to 127.0.0.1 cannot use it through a browser).
+ * A request carrying a forwarding header is never loopback: a reverse proxy on this host
+ * connects from 127.0.0.1 for anyone.
+ */
+export function adminAccess(req, { adminToken, adminLoopback }) {
+  if (adminToken && hasAdminToken(req, adminToken)) return { allowed: true };
+  if (adminLoopback && isTrustedLoopback(req)) return { allowed: true };
+  if (adminToken) {
+    return { allowed: false, message: 'Send the desk’s ADMIN_TOKEN as "Authorization: Bearer <token>".' };
+  }
   return {
     allowed: false,
-    message:
-      'The admin API answers only on loopback (127.0.0.1, localhost) unless the desk runs with ADMIN_TOKEN.',
+    message: adminLoopback
+      ? 'The admin API answers only direct loopback callers (127.0.0.1, localhost, no proxy) unless the desk runs with ADMIN_TOKEN.'
+      : 'The admin API is closed: start the desk with ADMIN_TOKEN=<secret> (then send it as a Bearer token), or ADMIN_LOOPBACK=1 to trust direct loopback callers.',
   };
+}
+
+/** Answers 401 with the reason, as JSON. */
+export function sendUnauthorized(res, message) {
+  send(
+    res,
+    401,
+    { error: 'unauthorized', message },
+    { 'www-authenticate': 'Bearer realm="loan desk admin"' },
+  );
+}
+
+/** One line for the start log: where the key store page is and how to open it. */
+export function describeAdminAccess({ adminToken, adminLoopback }, url) {
+  if (adminToken) return `key store: ${url}/keys (enter ADMIN_TOKEN on the page)`;
+  if (adminLoopback) return `key store: ${url}/keys (ADMIN_LOOPBACK=1: direct loopback callers only)`;
+  return `key store: ${url}/keys is closed; start with ADMIN_TOKEN=<secret> or, with no proxy in front, ADMIN_LOOPBACK=1`;
 }
 
 /**
@@ -47,7 +79,7 @@ export function adminAccess(req, adminToken) {
  * `nowMs` is the desk's clock, so a page computes "expires in" without trusting the browser's.
  * Its handler takes the request's parsed URL and answers `false` for paths it does not serve.
  */
-export function adminRoutes({ store, adminToken }) {
+export function adminRoutes({ store, adminToken, adminLoopback }) {
   async function answer(res, work) {
     try {
       await work();
@@ -62,14 +94,9 @@ export function adminRoutes({ store, adminToken }) {
 
   return function adminHandler(req, res, { pathname, searchParams: query }) {
     if (pathname !== '/admin/keys' && !pathname.startsWith('/admin/keys/')) return false;
-    const access = adminAccess(req, adminToken);
+    const access = adminAccess(req, { adminToken, adminLoopback });
     if (!access.allowed) {
-      send(
-        res,
-        401,
-        { error: 'unauthorized', message: access.message },
-        { 'www-authenticate': 'Bearer realm="loan desk admin"' },
-      );
+      sendUnauthorized(res, access.message);
       return true;
     }
     if (pathname === '/admin/keys') {

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import http from 'node:http';
 import { credentialScope } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
@@ -26,10 +27,12 @@ function databaseUnavailable(res, doing, error) {
 
 /**
  * The caller's credential names its key scope: two callers sending the same key string name two
- * operations, whatever their `Authorization` scheme (a malformed one too). Only a digest of the
- * whole value reaches the key store; callers without one share `anonymous`.
+ * operations, whatever their `Authorization` scheme (a malformed one too). Only an HMAC of the
+ * whole value, keyed by the desk's scope secret, reaches the key store (and /admin/keys), so a weak
+ * password cannot be guessed back from it; callers without one share `anonymous`.
  */
-const scopeOf = (req) => credentialScope(req.headers.authorization) || 'anonymous';
+const scopeBy = (scopeSecret) => (req) =>
+  credentialScope(req.headers.authorization, scopeSecret) || 'anonymous';
 
 /** Checks the body of `POST /loans`; a `problem` is answered with 400 before anything is written. */
 export function parseLoan(body) {
@@ -94,6 +97,7 @@ export function loanDesk({
   waitMs,
   required,
   encryptionKeys,
+  scopeSecret,
   ops,
   ...settings
 }) {
@@ -105,7 +109,7 @@ export function loanDesk({
     lease: leaseMs,
     wait: waitMs,
     required,
-    scope: scopeOf,
+    scope: scopeBy(scopeSecret),
     encryptionKey: encryptionKeys,
   });
 
@@ -137,7 +141,7 @@ export function loanDesk({
 
   const issueLoan = losingMarkedAnswers(createLoan, settings);
   const web = webRoutes(settings);
-  const admin = adminRoutes({ store, adminToken: settings.adminToken });
+  const admin = adminRoutes({ store, ...settings });
 
   async function read(res, query) {
     try {
@@ -186,7 +190,11 @@ export async function startLoanDesk(config, { setup }) {
   const database = await openDatabase(config, { setup });
   const store = await openKeyStore(config, database);
   const ops = operations(config);
-  const server = http.createServer(loanDesk({ ...config, database, store, ops }));
+  // SCOPE_SECRET, or the one the first desk on this database made: every process must agree, or a
+  // retry landing on another one would not find its key.
+  const scopeSecret =
+    config.scopeSecret ?? (await database.secret('scope', randomBytes(32).toString('base64url')));
+  const server = http.createServer(loanDesk({ ...config, database, store, ops, scopeSecret }));
   await new Promise((resolve, reject) => {
     server.once('error', reject);
     server.listen(config.port, config.host, resolve);

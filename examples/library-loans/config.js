@@ -20,7 +20,12 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            encrypted with the first and read with any (none: stored in clear)
  * PURGE_INTERVAL             how often expired keys are deleted (1m)
  * WORKERS                    processes sharing the port and the database (1)
- * ADMIN_TOKEN                the bearer token /admin/keys requires; unset, it answers loopback only
+ * SCOPE_SECRET               at least 16 characters keying the scope digests (HMAC-SHA-256 of
+ *                            Authorization); unset, the desk makes one once and keeps it in its database
+ * ADMIN_TOKEN                the bearer token /admin/keys and /metrics require
+ * ADMIN_LOOPBACK             1: /admin/keys also answers direct loopback callers without the token
+ *                            (never a request with X-Forwarded-For, Forwarded or Via); 0 (default).
+ *                            Neither set: the admin API is closed
  * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
  *                            marks); 0 (default): the mark is ignored
  * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,
@@ -95,6 +100,10 @@ export function readConfig(env = process.env) {
 
   const logLevel = env.LOG_LEVEL || 'info';
   if (!LOG_LEVELS.includes(logLevel)) fail('LOG_LEVEL', LOG_LEVELS.join(', '));
+  if (env.SCOPE_SECRET && Buffer.byteLength(env.SCOPE_SECRET) < 16)
+    fail('SCOPE_SECRET', 'at least 16 characters');
+  const adminLoopback = env.ADMIN_LOOPBACK || '0';
+  if (adminLoopback !== '0' && adminLoopback !== '1') fail('ADMIN_LOOPBACK', '`1` or `0`');
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
 
@@ -111,7 +120,9 @@ export function readConfig(env = process.env) {
     encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
     workers: integer('WORKERS', 1, 1),
+    scopeSecret: env.SCOPE_SECRET || undefined,
     adminToken: env.ADMIN_TOKEN || undefined,
+    adminLoopback: adminLoopback === '1',
     demoFaults: demoFaults === '1',
     logLevel,
   };

@@ -2,6 +2,7 @@ import cluster from 'node:cluster';
 import pino from 'pino';
 import client from 'prom-client';
 import { eventDetail } from 'retrysafe';
+import { hasAdminToken, sendUnauthorized } from './admin.js';
 
 /**
  * Store-error lines written per interval; past that they are counted, and one line per interval
@@ -80,7 +81,7 @@ function rateLimited(write, summarize, { lines, intervalMs }) {
  * - the process metrics of `collectDefaultMetrics` (CPU, memory, event loop lag, …).
  * In a worker of `WORKERS=N`, `/metrics` answers the whole desk (see `aggregateWorkerMetrics`).
  */
-export function operations({ logLevel = 'info', destination } = {}) {
+export function operations({ logLevel = 'info', destination, adminToken } = {}) {
   const logger = pino({ level: logLevel }, destination);
   const { registry, processRegistry, collect } = cluster.isWorker ? workerRegistries() : localRegistries();
   client.collectDefaultMetrics({ register: processRegistry });
@@ -171,10 +172,12 @@ export function operations({ logLevel = 'info', destination } = {}) {
     onEvent,
     /** Counts the keys a purge deleted. */
     purged: (count) => purged.inc(count),
-    /** Serves `GET /metrics`; answers `false` for other paths. */
+    /** Serves `GET /metrics` (to the bearer of `adminToken` when set); answers `false` for other paths. */
     route(req, res, pathname) {
       if (pathname !== '/metrics' || (req.method !== 'GET' && req.method !== 'HEAD')) return false;
-      sendMetrics(req, res);
+      if (adminToken && !hasAdminToken(req, adminToken)) {
+        sendUnauthorized(res, 'Send the desk’s ADMIN_TOKEN as "Authorization: Bearer <token>".');
+      } else sendMetrics(req, res);
       return true;
     },
     /** Writes the count of store errors left out so far. */

@@ -41,6 +41,10 @@ export async function openPostgres({ url, schema, setup }) {
         `INSERT INTO ${s}.member (id, name) SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT DO NOTHING`,
         [MEMBERS.map((m) => m.id), MEMBERS.map((m) => m.name)],
       );
+      // The desk's own secrets, made once (see `secret`).
+      await client.query(
+        `CREATE TABLE IF NOT EXISTS ${s}.desk_secret (name text PRIMARY KEY, value text NOT NULL)`,
+      );
       await client.query('COMMIT');
     } catch (error) {
       await client.query('ROLLBACK').catch(() => {});
@@ -91,6 +95,17 @@ export async function openPostgres({ url, schema, setup }) {
     listBooks: async () => (await pool.query(`SELECT isbn, title, author FROM ${s}.book ORDER BY isbn`)).rows,
     listMembers: async () => (await pool.query(`SELECT id, name FROM ${s}.member ORDER BY id`)).rows,
     countLoans: async () => Number((await pool.query(`SELECT count(*) AS n FROM ${s}.loan`)).rows[0].n),
+    /**
+     * The secret named `name`, made from `candidate` by the first process to ask: a racing one's
+     * insert does nothing, and every process then reads the one row.
+     */
+    async secret(name, candidate) {
+      await pool.query(`INSERT INTO ${s}.desk_secret (name, value) VALUES ($1, $2) ON CONFLICT DO NOTHING`, [
+        name,
+        candidate,
+      ]);
+      return (await pool.query(`SELECT value FROM ${s}.desk_secret WHERE name = $1`, [name])).rows[0].value;
+    },
     close: () => store.close(),
   };
 }

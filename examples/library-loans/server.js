@@ -1,5 +1,6 @@
 // The loan desk: `npm start` (settings in config.js; DATABASE_URL, PORT, WORKERS, IDEMPOTENCY_*).
 import cluster from 'node:cluster';
+import { describeAdminAccess } from './admin.js';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
@@ -15,7 +16,10 @@ async function serve(config, { setup }) {
   if (cluster.isWorker) {
     takeLostConnections(desk.server);
     console.log(`worker ${process.pid} serving ${desk.url}`);
-  } else console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
+  } else {
+    console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
+    console.log(describeAdminAccess(config, desk.url));
+  }
   const stop = () => {
     setTimeout(() => process.exit(1), SHUTDOWN_GRACE_MS).unref();
     desk.close().then(() => process.exit(0));
@@ -52,6 +56,7 @@ async function supervise(config) {
     console.log(
       `loan desk listening on ${deskUrl(config.host, address.port)} (${config.workers} workers; ${describe(config)})`,
     );
+    console.log(describeAdminAccess(config, deskUrl(config.host, address.port)));
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) {

@@ -16,6 +16,8 @@ const SCHEMA = `
 // The unique intent of a keyed loan (see postgres.js); a database made before it gains the column.
 const INTENT_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON loan (intent)';
 const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
+// The desk's own secrets, made once (see `scopeSecret`).
+const SECRET_TABLE = 'CREATE TABLE IF NOT EXISTS desk_secret (name TEXT PRIMARY KEY, value TEXT NOT NULL)';
 
 /**
  * The loan desk's tables in a SQLite file, on the idempotency store's own connection so a keyed
@@ -46,6 +48,7 @@ export async function openSqlite({ filename, setup, now }) {
       const columns = db.prepare('SELECT name FROM pragma_table_info(?)').pluck().all('loan');
       if (!columns.includes('intent')) db.exec('ALTER TABLE loan ADD COLUMN intent TEXT');
       db.exec(INTENT_INDEX);
+      db.exec(SECRET_TABLE);
       const book = db.prepare(
         'INSERT OR IGNORE INTO book (isbn, title, author) VALUES (@isbn, @title, @author)',
       );
@@ -88,6 +91,15 @@ export async function openSqlite({ filename, setup, now }) {
     listBooks: async () => allBooks.all(),
     listMembers: async () => allMembers.all(),
     countLoans: async () => loanCount.get(),
+    /** The secret named `name`, made from `candidate` by the first process to ask; the same for all. */
+    async secret(name, candidate) {
+      await store.transaction(() =>
+        db
+          .prepare('INSERT INTO desk_secret (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING')
+          .run(name, candidate),
+      );
+      return db.prepare('SELECT value FROM desk_secret WHERE name = ?').pluck().get(name);
+    },
     close: async () => {
       reader.close();
       await store.close();

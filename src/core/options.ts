@@ -114,6 +114,16 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   scope?: (req: Req) => string | Promise<string>;
   /**
+   * The deployment secret (at least 16 bytes, the same on every server sharing the store) that keys
+   * the default scope: `credentialScope(authorization, scopeSecret)`, an HMAC that cannot be
+   * guessed back from the store. Without it the default scope is a plain sha256 of
+   * `Authorization`, and a weak Basic password can be guessed back offline. Changing it changes
+   * every scope: keys taken before stop replaying (they expire with their `ttl`).
+   * @default undefined (a plain sha256)
+   * @example scopeSecret: process.env.SCOPE_SECRET
+   */
+  scopeSecret?: string | Uint8Array;
+  /**
    * Maps a parsed JSON body before fingerprinting, so fields that legitimately differ between
    * retries do not make a retry a mismatch.
    * @default undefined (the whole canonical body)
@@ -211,6 +221,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   wait: true,
   profile: true,
   scope: true,
+  scopeSecret: true,
   fingerprintBody: true,
   replayHeaders: true,
   replayedHeader: true,

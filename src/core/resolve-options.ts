@@ -13,7 +13,7 @@ import {
   type IdempotencyOptions,
 } from './options.js';
 import { REPLAYED_HEADER } from './responses.js';
-import { credentialScope } from './scope.js';
+import { checkScopeSecret, credentialScope } from './scope.js';
 import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
 
 /** Headers that never reach storage, whatever the allowlist says. */
@@ -130,10 +130,11 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
       throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
     }
   }
-  const userScope = options.scope;
+  const { scope: userScope, scopeSecret } = options;
+  if (scopeSecret !== undefined) checkScopeSecret(scopeSecret, 'option `scopeSecret`');
   const scopeOf = userScope
     ? (request: IncomingRequest<Req>) => userScope(request.raw)
-    : (request: IncomingRequest<Req>) => credentialScope(request.authorization);
+    : (request: IncomingRequest<Req>) => credentialScope(request.authorization, scopeSecret);
   const storeStatus = options.storeStatus ?? defaultStoreStatus;
   const replayHeaders = new Set(
     [...DEFAULT_REPLAY_HEADERS, ...(options.replayHeaders ?? [])].map((h) => h.toLowerCase()),
