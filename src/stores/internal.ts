@@ -89,7 +89,7 @@ export async function purgeInBatches(
     const count = await deleteBatch();
     deleted += count;
     if (count < batchSize) return deleted;
-    await rest(Math.max(1, nowMs() - startedMs));
+    await rest(timerMs(Math.max(1, nowMs() - startedMs)));
   }
 }
 

@@ -236,7 +236,7 @@ function firstReady(client: Redis, timeoutMs: number): Promise<void> {
           `redisStore: no connection to Redis within ${timeoutMs} ms (\`connectTimeoutMs\`)`,
         ),
       );
-    }, timeoutMs);
+    }, timerMs(timeoutMs));
     const onReady = () => {
       clearTimeout(timer);
       resolve();
