@@ -383,18 +383,22 @@ describe('property: one key per call, and the first final answer ends it', () =>
   });
 });
 
-it('the client imports nothing but the errors and the option check, so it runs in browsers as in Node', async () => {
+it('the client imports nothing but the errors, the option check and the timer bound, so it runs in browsers as in Node', async () => {
   const source = (path: string) => readFile(new URL(path, import.meta.url), 'utf8');
   const client = await source('../src/client/index.ts');
   const options = await source('../src/core/option-names.ts');
   const errors = await source('../src/core/errors.ts');
+  const timer = await source('../src/core/timer.ts');
   expect(client.match(/^import .*$/gm)).toEqual([
     "import { ConfigError, RetrysafeError } from '../core/errors.js';",
     "import { checkOptions, optionNames } from '../core/option-names.js';",
+    "import { MAX_TIMER_MS, timerMs } from '../core/timer.js';",
   ]);
+  expect(timer).not.toMatch(/^import\s/m);
   expect(options.match(/^import .*$/gm)).toEqual(["import { ConfigError } from './errors.js';"]);
   expect(errors).not.toMatch(/^import\s/m);
-  for (const text of [client, options, errors]) expect(text).not.toMatch(/\brequire\(|process\.|Buffer\b/);
+  for (const text of [client, options, errors, timer])
+    expect(text).not.toMatch(/\brequire\(|process\.|Buffer\b/);
 });
 
 describe('defaults that outlast a server restart within one lease', () => {

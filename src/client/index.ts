@@ -6,6 +6,7 @@
 
 import { ConfigError, RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
+import { MAX_TIMER_MS, timerMs } from '../core/timer.js';
 
 export { ConfigError, RetrysafeError } from '../core/errors.js';
 
@@ -187,8 +188,6 @@ export function parseRetryAfterMs(value: string | null, nowMs = Date.now()): num
   return Number.isNaN(dateMs) ? undefined : Math.max(0, dateMs - nowMs);
 }
 
-const MAX_TIMER_MS = 2_147_483_647;
-
 class AttemptTimeoutError extends RetrysafeError {
   override readonly name = 'TimeoutError';
 }
@@ -211,7 +210,7 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
     const timer = setTimeout(() => {
       signal?.removeEventListener('abort', onAbort);
       resolve();
-    }, ms);
+    }, timerMs(ms));
     signal?.addEventListener('abort', onAbort, { once: true });
   });
 }
@@ -312,7 +311,7 @@ export function createRetryingFetch(given?: RetryingFetchOptions): RetryingFetch
       signal?.addEventListener('abort', onCallerAbort, { once: true });
       const timer = setTimeout(
         () => controller.abort(new AttemptTimeoutError(`attempt ${attempt} timed out`)),
-        Math.max(0, Math.min(attemptTimeoutMs, remainingMs())),
+        timerMs(Math.min(attemptTimeoutMs, remainingMs())),
       );
       let response: Response | undefined;
       let error: unknown;

@@ -1,4 +1,5 @@
 import { RetrysafeError } from './errors.js';
+import { timerMs } from './timer.js';
 
 /**
  * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending
@@ -27,7 +28,7 @@ export function deadlineGuard(timeoutMs: number, message: string) {
       const call = { deadlineMs: calledMs + timeoutMs, reject };
       pending.add(call);
       if (!sweeper) {
-        sweeper = setInterval(sweep, Math.max(1, Math.min(100, Math.floor(timeoutMs / 4))));
+        sweeper = setInterval(sweep, timerMs(Math.max(1, Math.min(100, Math.floor(timeoutMs / 4)))));
         sweeper.unref();
       }
       promise.then(

@@ -1,4 +1,5 @@
 import type { IdempotencyEventListener } from './events.js';
+import { timerMs } from './timer.js';
 import type { IdempotencyStore } from './types.js';
 
 interface HeldLease {
@@ -56,7 +57,7 @@ export function leaseKeeper(
       const lease = { scope, key, token, renewAtMs: claimedMs + renewEveryMs };
       held.add(lease);
       if (!ticker) {
-        ticker = setInterval(tick, Math.max(1, Math.floor(renewEveryMs / 4)));
+        ticker = setInterval(tick, timerMs(Math.max(1, Math.floor(renewEveryMs / 4))));
         ticker.unref();
       }
       return lease;

@@ -108,7 +108,8 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   profile?: 'default' | 'ietf';
   /**
-   * The authenticated client; the same key from two scopes names two operations.
+   * The authenticated client; the same key from two scopes names two operations. A scope past
+   * 1024 UTF-8 bytes is stored as a digest of it (`sha256-scope:…`), so every store indexes it.
    * @default a digest of the `Authorization` header (`credentialScope`); `''` for requests without one
    * @example scope: (req) => req.headers['x-api-key-id'] ?? ''
    */
@@ -158,7 +159,7 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   minKeyLength?: number;
   /**
-   * Longest key accepted.
+   * Longest key accepted; at most 1024, the longest every store indexes (a ConfigError above).
    * @default 255
    * @example maxKeyLength: 64
    */

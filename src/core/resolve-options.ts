@@ -13,13 +13,19 @@ import {
   type IdempotencyOptions,
 } from './options.js';
 import { REPLAYED_HEADER } from './responses.js';
-import { checkScopeSecret, credentialScope } from './scope.js';
+import { checkScopeSecret, credentialScope, storableScope } from './scope.js';
 import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
 
 /** Headers that never reach storage, whatever the allowlist says. */
 const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);
 
 const MiB = 1024 * 1024;
+
+/**
+ * The longest `maxKeyLength`: with a scope of MAX_SCOPE_BYTES a key this long (printable ASCII,
+ * a byte a character) keeps PostgreSQL's index row of (scope, key) within its 2,704 bytes.
+ */
+export const MAX_KEY_LENGTH = 1024;
 
 function positiveInt(option: string, value: number | undefined, fallback: number): number {
   const resolved = value ?? fallback;
@@ -111,6 +117,11 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });
   const minKeyLength = positiveInt('minKeyLength', options.minKeyLength, 1);
   const maxKeyLength = positiveInt('maxKeyLength', options.maxKeyLength, 255);
+  if (maxKeyLength > MAX_KEY_LENGTH) {
+    throw new ConfigError(
+      `retrysafe: option \`maxKeyLength\` must be at most ${MAX_KEY_LENGTH}, the longest key every store indexes (PostgreSQL refuses index rows past 2,704 bytes); got ${maxKeyLength}`,
+    );
+  }
   if (minKeyLength > maxKeyLength) {
     throw new ConfigError('retrysafe: option `minKeyLength` must not exceed `maxKeyLength`');
   }
@@ -133,7 +144,10 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   const { scope: userScope, scopeSecret } = options;
   if (scopeSecret !== undefined) checkScopeSecret(scopeSecret, 'option `scopeSecret`');
   const scopeOf = userScope
-    ? (request: IncomingRequest<Req>) => userScope(request.raw)
+    ? (request: IncomingRequest<Req>) => {
+        const scope = userScope(request.raw);
+        return typeof scope === 'string' ? storableScope(scope) : scope.then(storableScope);
+      }
     : (request: IncomingRequest<Req>) => credentialScope(request.authorization, scopeSecret);
   const storeStatus = options.storeStatus ?? defaultStoreStatus;
   const replayHeaders = new Set(

@@ -40,3 +40,18 @@ export function checkScopeSecret(secret: unknown, name = 'credentialScope: secre
     );
   }
 }
+
+/**
+ * Longest scope a store is given as it is, in UTF-8 bytes. With a key of MAX_KEY_LENGTH it keeps
+ * the index row of (scope, key) within PostgreSQL's 2,704 bytes.
+ */
+export const MAX_SCOPE_BYTES = 1024;
+
+/**
+ * `scope` as the stores key it: as it is, or a digest of it when it is longer than
+ * MAX_SCOPE_BYTES (a `scope` function may return anything), so that every store holds it.
+ */
+export function storableScope(scope: string): string {
+  if (scope.length * 3 <= MAX_SCOPE_BYTES || Buffer.byteLength(scope) <= MAX_SCOPE_BYTES) return scope;
+  return `sha256-scope:${sha256(scope, 'base64url')}`;
+}

@@ -1,6 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { ConfigError } from '../core/errors.js';
+import { timerMs } from '../core/timer.js';
 import { type KeyPage, type KeyRecordSummary, type ListKeysOptions, MAX_LIST_LIMIT } from '../core/types.js';
 
 export const DEFAULT_PURGE_BATCH_SIZE = 1000;
@@ -88,7 +89,7 @@ export async function purgeInBatches(
     const count = await deleteBatch();
     deleted += count;
     if (count < batchSize) return deleted;
-    await rest(Math.max(1, nowMs() - startedMs));
+    await rest(timerMs(Math.max(1, nowMs() - startedMs)));
   }
 }
 
@@ -118,7 +119,7 @@ export class Waiters {
         if (waiters.size === 0 && this.#byId.get(id) === waiters) this.#byId.delete(id);
         resolve();
       };
-      const timer = setTimeout(done, Math.max(0, timeoutMs));
+      const timer = setTimeout(done, timerMs(timeoutMs));
       waiters.add(done);
     });
   }

@@ -1,5 +1,6 @@
 import { RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
+import { timerMs } from '../core/timer.js';
 import type {
   ClaimInput,
   ClaimResult,
@@ -258,7 +259,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     return true;
   }
 
-  const sweeper = setInterval(() => void purgeExpired(), sweepIntervalMs);
+  const sweeper = setInterval(() => void purgeExpired(), timerMs(sweepIntervalMs));
   sweeper.unref();
 
   async function close() {

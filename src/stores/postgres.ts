@@ -2,6 +2,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import pg from 'pg';
 import { ConfigError, RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
+import { timerMs } from '../core/timer.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -161,7 +162,7 @@ async function prepare(
     if (names.has(name)) continue;
     try {
       await client.query(
-        `SET statement_timeout = ${timeoutMs}; PREPARE ${name} AS ${text}; SET statement_timeout TO DEFAULT`,
+        `SET statement_timeout = ${timerMs(timeoutMs)}; PREPARE ${name} AS ${text}; SET statement_timeout TO DEFAULT`,
       );
     } catch (error) {
       // Another copy of this module (one per package format, say) prepared it on this connection.
@@ -283,8 +284,8 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       connectionString: options.connectionString,
       max: maxConnections,
       connectionTimeoutMillis: connectTimeoutMs,
-      statement_timeout: statementTimeoutMs,
-      query_timeout: statementTimeoutMs + 1000,
+      statement_timeout: timerMs(statementTimeoutMs),
+      query_timeout: timerMs(statementTimeoutMs + 1000),
       keepAlive: true,
       application_name: 'retrysafe',
       options: `-c client_connection_check_interval=${connectionCheckIntervalMs}`,
@@ -681,8 +682,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       });
     });
     try {
-      const waitMs = Math.max(1, Math.ceil(input.waitMs ?? input.leaseMs));
-      const timeoutMs = Math.max(1, Math.ceil(input.timeoutMs ?? statementTimeoutMs));
+      const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
+      const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
+      const claimMs = timerMs(waitMs + timeoutMs);
       await own(() => prepare(client, ATOMIC_STATEMENTS, timeoutMs), client);
       // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
       // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
@@ -695,7 +697,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       let begin = BEGIN;
       const query: ClaimQuery = async (take, values) => {
         const text = `${begin}SET LOCAL lock_timeout = ${waitMs};
-            SET LOCAL statement_timeout = ${waitMs + timeoutMs};
+            SET LOCAL statement_timeout = ${claimMs};
             EXECUTE ${(take ? ATOMIC.takeOver : ATOMIC.claim).name}(${literals(values)});
             SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT`;
         begin = '';
@@ -704,7 +706,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
           // since nothing commits without our COMMIT and the connection is then discarded.
           const results = (await client.query({
             text,
-            query_timeout: waitMs + timeoutMs,
+            query_timeout: claimMs,
           } as pg.QueryConfig)) as unknown as pg.QueryResult<RecordRow>[];
           return results[results.length - 3]!;
         } catch (error) {
@@ -772,7 +774,7 @@ function within<T>(promise: Promise<T>, ms: number): Promise<T | typeof TIMED_OU
   return Promise.race([
     promise,
     new Promise<typeof TIMED_OUT>((resolve) => {
-      timer = setTimeout(resolve, ms, TIMED_OUT);
+      timer = setTimeout(resolve, timerMs(ms), TIMED_OUT);
     }),
   ]).finally(() => clearTimeout(timer));
 }

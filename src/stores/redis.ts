@@ -1,6 +1,7 @@
 import { Redis } from 'ioredis';
 import { ConfigError, RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
+import { timerMs } from '../core/timer.js';
 import type { ClaimResult, IdempotencyStore, KeyRecordSummary, StoredResponse } from '../core/types.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
@@ -236,7 +237,7 @@ function firstReady(client: Redis, timeoutMs: number): Promise<void> {
           `redisStore: no connection to Redis within ${timeoutMs} ms (\`connectTimeoutMs\`)`,
         ),
       );
-    }, timeoutMs);
+    }, timerMs(timeoutMs));
     const onReady = () => {
       clearTimeout(timer);
       resolve();
@@ -350,8 +351,8 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   const client =
     options.client ??
     new Redis(options.url!, {
-      commandTimeout: commandTimeoutMs,
-      connectTimeout: connectTimeoutMs,
+      commandTimeout: timerMs(commandTimeoutMs),
+      connectTimeout: timerMs(connectTimeoutMs),
       // While Redis is down a command fails at once, and one in flight when the connection drops
       // fails then. Queued or resent, it would run whenever the connection came back, long after
       // its caller gave up: a claim nobody owns.

@@ -3,6 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import { ConfigError, RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
+import { timerMs } from '../core/timer.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -246,11 +247,11 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   const ownsDatabase = database === undefined;
-  const db = database ?? new Database(filename, { timeout: busyTimeoutMs });
+  const db = database ?? new Database(filename, { timeout: timerMs(busyTimeoutMs) });
   if (ownsDatabase) {
     db.pragma('journal_mode = WAL');
   } else if (options.busyTimeoutMs !== undefined) {
-    db.pragma(`busy_timeout = ${busyTimeoutMs}`);
+    db.pragma(`busy_timeout = ${timerMs(busyTimeoutMs)}`);
   }
   const configuredBusyMs = db.pragma('busy_timeout', { simple: true }) as number;
 
@@ -395,7 +396,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   async function retryUnlocked<T>(deadlineMs: number, attempt: () => T): Promise<T> {
     for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, MAX_LOCK_RETRY_MS)) {
-      await sleep(Math.max(1, Math.min(pauseMs, deadlineMs - Date.now())));
+      await sleep(timerMs(Math.max(1, Math.min(pauseMs, deadlineMs - Date.now()))));
       try {
         return attempt();
       } catch (error) {
