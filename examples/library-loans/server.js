@@ -7,8 +7,11 @@ import { listeningWorkers } from './listening-workers.js';
 import { rescueLostConnections, takeLostConnections } from './lost-connections.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
-/** How long a stopping process lets requests in flight finish before it exits anyway. */
-const SHUTDOWN_GRACE_MS = 10_000;
+/**
+ * How long a stopping process lets requests in flight finish before it cuts them and exits 1: a
+ * loan takes milliseconds, and an orchestrator's own grace (Kubernetes: 30 s) must outlast ours.
+ */
+const SHUTDOWN_GRACE_MS = 5000;
 
 async function serve(config, { setup }) {
   const desk = await startLoanDesk(config, { setup });
@@ -16,9 +19,20 @@ async function serve(config, { setup }) {
     takeLostConnections(desk.server);
     console.log(`worker ${process.pid} serving ${desk.url}`);
   } else console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
-  const stop = () => {
-    setTimeout(() => process.exit(1), SHUTDOWN_GRACE_MS).unref();
-    desk.close().then(() => process.exit(0));
+  const who = cluster.isWorker ? `loan desk worker ${process.pid}` : 'loan desk';
+  const stop = (signal) => {
+    const closed = desk.close();
+    console.log(
+      `${who}: ${signal}: stopped accepting connections; finishing the requests in flight (at most ${SHUTDOWN_GRACE_MS / 1000} s)`,
+    );
+    setTimeout(() => {
+      console.error(`${who}: requests still in flight after ${SHUTDOWN_GRACE_MS / 1000} s were cut`);
+      process.exit(1);
+    }, SHUTDOWN_GRACE_MS).unref();
+    closed.then(() => {
+      console.log(`${who}: stopped`);
+      process.exit(0);
+    });
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
@@ -67,8 +81,9 @@ async function supervise(config) {
     );
     cluster.fork();
   });
-  const stop = () => {
+  const stop = (signal) => {
     stopping = true;
+    console.log(`loan desk: ${signal}: stopping ${Object.keys(cluster.workers).length} workers`);
     for (const worker of Object.values(cluster.workers)) worker.process.kill('SIGTERM');
   };
   process.once('SIGTERM', stop);
