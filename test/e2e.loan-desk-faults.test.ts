@@ -385,6 +385,11 @@ describe('loan desk on SQLite', () => {
     } finally {
       await desk.stop();
     }
+    expect(desk.output()).toMatch(
+      new RegExp(
+        `IDEMPOTENCY_STORE \\(Redis at 127.0.0.1:${deadPort}\\) does not answer: .+; keyed loans answer 503`,
+      ),
+    );
   });
 
   it('a setting that cannot work stops the start with the variable named', async () => {

@@ -19,6 +19,18 @@ async function serve(config, { setup }) {
     takeLostConnections(desk.server);
     console.log(`worker ${process.pid} serving ${desk.url}`);
   } else console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
+  // Unlike the database, which the setup needs, Redis holds nothing to set up: the desk serves
+  // while it is down (keyed loans 503, the rest as usual) and recovers by itself, as after an
+  // outage at run time. A Redis that does not answer at start is said, so a typo is not silent.
+  if (config.keys.kind === 'redis') {
+    desk.store
+      .get('anonymous', 'start-check')
+      .catch((error) =>
+        console.warn(
+          `loan desk: IDEMPOTENCY_STORE (Redis at ${new URL(config.keys.url).host}) does not answer: ${error.message}; keyed loans answer 503 until it does`,
+        ),
+      );
+  }
   const who = cluster.isWorker ? `loan desk worker ${process.pid}` : 'loan desk';
   const stop = (signal) => {
     const closed = desk.close();
