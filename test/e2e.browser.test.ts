@@ -53,11 +53,13 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
   });
 
   /** A fresh context (empty localStorage) on the desk's page, ready for a press. */
-  async function openDesk(options: { failingRequests?: boolean } = {}): Promise<Page> {
+  async function openDesk(
+    options: { failingRequests?: boolean; viewport?: { width: number; height: number } } = {},
+  ): Promise<Page> {
     pageErrors = [];
     consoleErrors = [];
     failingRequests = options.failingRequests ?? false;
-    context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
+    context = await browser.newContext({ viewport: options.viewport ?? { width: 1100, height: 760 } });
     context.setDefaultTimeout(15_000);
     const page = await context.newPage();
     page.on('pageerror', (error) => pageErrors.push(error.message));
@@ -287,6 +289,34 @@ describe.skipIf(!hasChromium())('loan desk in a browser', () => {
       expect(loans).toHaveLength(before + 1);
       expect(loans.at(-1)).toMatchObject({ member: 'U-1002' });
       expect(await page.evaluate(() => document.activeElement?.id)).toBe('issue');
+    },
+    TEST_TIMEOUT_MS,
+  );
+
+  it(
+    '/keys on a 375 px wide phone: every Delete button is within the viewport',
+    async () => {
+      const viewport = { width: 375, height: 667 };
+      const page = await openDesk({ viewport });
+      for (const isbn of ['K-09', 'K-10']) {
+        await page.getByLabel('Book').selectOption(isbn);
+        await issueButton(page).click();
+        await settled(page);
+      }
+      await page.goto(`${desk.baseUrl}/keys`);
+      await page.locator('#keys tbody tr').first().waitFor();
+      const buttons = page.getByRole('button', { name: /^Delete key / });
+      expect(await buttons.count()).toBeGreaterThanOrEqual(2);
+      for (const button of await buttons.all()) {
+        await button.scrollIntoViewIfNeeded();
+        const box = (await button.boundingBox())!;
+        expect(box.x).toBeGreaterThanOrEqual(0);
+        expect(box.x + box.width).toBeLessThanOrEqual(viewport.width);
+      }
+      // Nothing is wider than the screen: the page never scrolls sideways.
+      expect(await page.evaluate(() => document.documentElement.scrollWidth)).toBeLessThanOrEqual(
+        viewport.width,
+      );
     },
     TEST_TIMEOUT_MS,
   );

@@ -376,11 +376,20 @@ describe('loan desk on SQLite', () => {
       expect(refused.status).toBe(503);
       expect(refused.body.error).toBe('store_unavailable');
       expect(await listLoans(desk.baseUrl)).toHaveLength(0);
+      // The admin API says when to come back, as the guarded route does.
+      const admin = await fetch(`${desk.baseUrl}/admin/keys`);
+      expect(admin.status).toBe(503);
+      expect(admin.headers.get('retry-after')).toBe('1');
       // Requests that need no key store are unaffected.
       expect((await postLoan(desk.baseUrl, intent())).status).toBe(201);
     } finally {
       await desk.stop();
     }
+    expect(desk.output()).toMatch(
+      new RegExp(
+        `IDEMPOTENCY_STORE \\(Redis at 127.0.0.1:${deadPort}\\) does not answer: .+; keyed loans answer 503`,
+      ),
+    );
   });
 
   it('a setting that cannot work stops the start with the variable named', async () => {

@@ -78,6 +78,26 @@ describe('loan desk IDEMPOTENCY_ENCRYPTION_KEY', () => {
   );
 });
 
+describe('loan desk DATABASE_URL mistakes', () => {
+  it.each([
+    ['postgres://[bad', /DATABASE_URL="postgres:\/\/\[bad" is invalid: .*host/],
+    ['postgres://root@127.0.0.1:99999/test', /DATABASE_URL=.* is invalid: .*port 99999/],
+    ['postgress://root@127.0.0.1:5432/test', /DATABASE_URL=.* is invalid: .*postgress:/],
+  ])('%s stops the start naming the variable and the mistake, exit 1, no stack', async (url, message) => {
+    const start = run(process.execPath, ['examples/library-loans/server.js'], {
+      cwd: ROOT,
+      env: { ...process.env, PORT: '0', DATABASE_URL: url },
+    });
+    const failed = await start.then(
+      () => ({ code: 0, stderr: '' }),
+      (error: { code: number; stderr: string }) => error,
+    );
+    expect(failed.code).toBe(1);
+    expect(failed.stderr).toMatch(message);
+    expect(failed.stderr).not.toMatch(/^\s+at /m);
+  });
+});
+
 describe('npm run purge', () => {
   it('fails on a SQLite path that does not exist, and creates nothing there', async () => {
     const missing = tempDatabaseUrl('mistyped');

@@ -361,6 +361,35 @@ describe.each(setups)('loan desk on $name', (setup) => {
     expect((await postLoan(base, intent())).status).toBe(201);
   });
 
+  it('a body that is not application/json is 415 (a cross-site form cannot lend), nothing stored, key free', async () => {
+    const before = await count();
+    const k = key('CT');
+    const body = JSON.stringify(intent());
+    for (const type of [
+      'text/plain',
+      'application/x-www-form-urlencoded',
+      'application/json; charset=latin1',
+    ]) {
+      const refused = await postLoan(base, body, { key: k, headers: { 'content-type': type } });
+      expect(refused.status, type).toBe(415);
+      expect(refused.body, type).toMatchObject({ error: 'unsupported_media_type' });
+    }
+    const untyped = await fetch(`${base}/loans`, {
+      method: 'POST',
+      headers: { 'idempotency-key': k },
+      body: new Blob([body]),
+    });
+    expect(untyped.status).toBe(415);
+    expect(await count()).toBe(before);
+    const accepted = await postLoan(base, body, {
+      key: k,
+      headers: { 'content-type': 'Application/JSON; Charset=UTF-8' },
+    });
+    expect(accepted.status).toBe(201);
+    expect(accepted.headers.get('idempotency-replayed')).toBeNull();
+    expect(await count()).toBe(before + 1);
+  });
+
   it('30 fetch uploads of 5 MB all get their 413 with Connection: close (none a reset, so no client retries them)', async () => {
     const body = JSON.stringify({ ...intent(), pad: 'x'.repeat(5_000_000) });
     const outcomes: string[] = [];

@@ -88,7 +88,12 @@ export function adminRoutes({ store, adminToken, adminLoopback }) {
         return send(res, 400, { error: 'invalid_query', message: error.message });
       }
       console.error('loan desk: key store admin call failed:', error.message);
-      send(res, 503, { error: 'store_unavailable', message: 'The key store did not answer; try again.' });
+      send(
+        res,
+        503,
+        { error: 'store_unavailable', message: 'The key store did not answer; try again.' },
+        { 'retry-after': '1' },
+      );
     }
   }
 

@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import http from 'node:http';
+import { MIMEType } from 'node:util';
 import { credentialScope } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { adminRoutes } from './admin.js';
@@ -24,6 +25,32 @@ function databaseUnavailable(res, doing, error) {
     { 'retry-after': '1' },
   );
 }
+
+/**
+ * Whether a body is declared JSON (`application/json`, UTF-8 if a charset is named). A form or a
+ * `text/plain` post from a page on another site needs no CORS preflight; refusing them (415) before
+ * anything is claimed or written means such a page cannot lend a book.
+ */
+function isJsonBody(req) {
+  try {
+    const type = new MIMEType(req.headers['content-type'] ?? '');
+    const charset = type.params.get('charset');
+    return type.essence === 'application/json' && (charset === null || charset.toLowerCase() === 'utf-8');
+  } catch {
+    return false;
+  }
+}
+
+const unsupportedMediaType = (res) =>
+  send(
+    res,
+    415,
+    {
+      error: 'unsupported_media_type',
+      message: 'Send the loan as JSON, with Content-Type: application/json.',
+    },
+    { 'accept-post': 'application/json' },
+  );
 
 /**
  * The caller's credential names its key scope: two callers sending the same key string name two
@@ -161,7 +188,7 @@ export function loanDesk({
       send(res, 405, { error: 'method_not_allowed', allow: methods }, { allow: methods });
 
     if (pathname === '/loans') {
-      if (req.method === 'POST') return issueLoan(req, res);
+      if (req.method === 'POST') return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res);
       return reading ? read(res, () => database.listLoans()) : allow('GET, HEAD, POST');
     }
     const loanPath = /^\/loans\/([^/]+)$/.exec(pathname);

@@ -56,8 +56,17 @@ export function readConfig(env = process.env) {
 
   const databaseUrl = env.DATABASE_URL || 'library.db';
   let database;
-  if (/^postgres(ql)?:\/\//.test(databaseUrl)) {
-    const url = new URL(databaseUrl);
+  const scheme = /^([a-z][a-z\d+.-]*):\/\//i.exec(databaseUrl)?.[1];
+  if (scheme && !/^(postgres(ql)?|sqlite|file)$/i.test(scheme)) {
+    fail('DATABASE_URL', `postgres://, postgresql:// or a SQLite file, not a ${scheme}:// URL`);
+  }
+  if (/^postgres(ql)?:\/\//i.test(databaseUrl)) {
+    let url;
+    try {
+      url = new URL(databaseUrl);
+    } catch {
+      fail('DATABASE_URL', `a URL like postgres://user@host:5432/db: ${urlMistake(databaseUrl)}`);
+    }
     // `schema` is ours, not libpq's: it isolates one desk (or one test run) in its own schema.
     const schema = url.searchParams.get('schema') || 'public';
     if (!/^[A-Za-z_][A-Za-z0-9_]{0,62}$/.test(schema))
@@ -126,6 +135,20 @@ export function readConfig(env = process.env) {
     demoFaults: demoFaults === '1',
     logLevel,
   };
+}
+
+/**
+ * What is wrong in a URL that `URL` refused (it says only "Invalid URL"): in a database URL, the
+ * port or else the host of its authority.
+ */
+function urlMistake(text) {
+  const authority = /^[^:]*:\/\/([^/?#]*)/.exec(text)?.[1] ?? '';
+  const hostAndPort = authority.slice(authority.lastIndexOf('@') + 1);
+  const { host, port } = /^(?<host>\[[^\]]*\]|[^:]*)(?::(?<port>.*))?$/.exec(hostAndPort).groups;
+  if (port !== undefined && !(/^\d*$/.test(port) && Number(port) <= 65535)) {
+    return `port ${port} is not a number from 0 to 65535`;
+  }
+  return `host ${JSON.stringify(host)} is not a host name, an IPv4 address or an [IPv6] address`;
 }
 
 /** One line saying what runs where, without credentials. */

@@ -8,8 +8,11 @@ import { listeningWorkers } from './listening-workers.js';
 import { rescueLostConnections, takeLostConnections } from './lost-connections.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
-/** How long a stopping process lets requests in flight finish before it exits anyway. */
-const SHUTDOWN_GRACE_MS = 10_000;
+/**
+ * How long a stopping process lets requests in flight finish before it cuts them and exits 1: a
+ * loan takes milliseconds, and an orchestrator's own grace (Kubernetes: 30 s) must outlast ours.
+ */
+const SHUTDOWN_GRACE_MS = 5000;
 
 async function serve(config, { setup }) {
   const desk = await startLoanDesk(config, { setup });
@@ -20,9 +23,32 @@ async function serve(config, { setup }) {
     console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
     console.log(describeAdminAccess(config, desk.url));
   }
-  const stop = () => {
-    setTimeout(() => process.exit(1), SHUTDOWN_GRACE_MS).unref();
-    desk.close().then(() => process.exit(0));
+  // Unlike the database, which the setup needs, Redis holds nothing to set up: the desk serves
+  // while it is down (keyed loans 503, the rest as usual) and recovers by itself, as after an
+  // outage at run time. A Redis that does not answer at start is said, so a typo is not silent.
+  if (config.keys.kind === 'redis') {
+    desk.store
+      .get('anonymous', 'start-check')
+      .catch((error) =>
+        console.warn(
+          `loan desk: IDEMPOTENCY_STORE (Redis at ${new URL(config.keys.url).host}) does not answer: ${error.message}; keyed loans answer 503 until it does`,
+        ),
+      );
+  }
+  const who = cluster.isWorker ? `loan desk worker ${process.pid}` : 'loan desk';
+  const stop = (signal) => {
+    const closed = desk.close();
+    console.log(
+      `${who}: ${signal}: stopped accepting connections; finishing the requests in flight (at most ${SHUTDOWN_GRACE_MS / 1000} s)`,
+    );
+    setTimeout(() => {
+      console.error(`${who}: requests still in flight after ${SHUTDOWN_GRACE_MS / 1000} s were cut`);
+      process.exit(1);
+    }, SHUTDOWN_GRACE_MS).unref();
+    closed.then(() => {
+      console.log(`${who}: stopped`);
+      process.exit(0);
+    });
   };
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
@@ -72,8 +98,9 @@ async function supervise(config) {
     );
     cluster.fork();
   });
-  const stop = () => {
+  const stop = (signal) => {
     stopping = true;
+    console.log(`loan desk: ${signal}: stopping ${Object.keys(cluster.workers).length} workers`);
     for (const worker of Object.values(cluster.workers)) worker.process.kill('SIGTERM');
   };
   process.once('SIGTERM', stop);

@@ -30,6 +30,8 @@ export interface LoanDesk {
   databaseUrl: string;
   /** Everything it printed so far, stdout and stderr interleaved. */
   output(): string;
+  /** Resolves with the exit code once the process has exited, sending it nothing. */
+  exited(): Promise<number | null>;
   /** SIGTERM (a graceful stop), then SIGKILL if it has not exited within 15 s; resolves with the exit code. */
   stop(): Promise<number | null>;
   /** SIGKILL to the whole process group (primary and workers at once), like a power cut. */
@@ -127,6 +129,7 @@ export async function startLoanDesk(options: StartLoanDeskOptions = {}): Promise
     pid: child.pid!,
     databaseUrl,
     output: () => output,
+    exited: () => exited(child),
     async stop() {
       const done = exited(child);
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');

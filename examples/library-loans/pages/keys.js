@@ -9,6 +9,8 @@ const tokenForm = document.getElementById('token-form');
 const tokenInput = document.getElementById('token');
 const body = document.querySelector('#keys tbody');
 const more = document.getElementById('more');
+// Each cell's column name, which a narrow screen shows beside its value (desk.css).
+const columns = [...document.querySelectorAll('#keys thead th')].map((th) => th.textContent);
 
 let records = [];
 let next = null;
@@ -67,6 +69,9 @@ function render() {
         cell(record.leaseUntilMs === null ? '—' : duration(record.leaseUntilMs - nowMs)),
         actions,
       );
+      tr.querySelectorAll('td').forEach((td, i) => {
+        td.dataset.label = columns[i];
+      });
       return tr;
     }),
   );
