@@ -134,9 +134,10 @@ describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () 
     expect(await getJson(local(), '/demo')).toMatchObject({ body: { demoFaults: false } });
   });
 
-  it('lists, shows and deletes keys; a deleted key then names a new loan', async () => {
+  it('lists, shows and deletes keys; a deleted key runs again, finding its loan for the same request', async () => {
     const key = `admin-${randomUUID()}`;
-    expect((await postLoan(local(), loan('2026-05-01'), { key })).status).toBe(201);
+    const first = await postLoan(local(), loan('2026-05-01'), { key });
+    expect(first.status).toBe(201);
     const record = { scope: 'anonymous', key };
     const path = `/admin/keys/${encodeURIComponent(record.scope)}/${encodeURIComponent(key)}`;
 
@@ -167,9 +168,17 @@ describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () 
     expect((await fetch(`${local()}${path}`, { method: 'DELETE' })).status).toBe(204);
     expect((await getJson(local(), path)).status).toBe(404);
     expect((await fetch(`${local()}${path}`, { method: 'DELETE' })).status).toBe(404);
+    // The handler runs again, and the loan keyed by this request's intent is the one it finds.
     const again = await postLoan(local(), loan('2026-05-01'), { key });
     expect(again.status).toBe(201);
     expect(again.headers.get('idempotency-replayed')).toBeNull();
+    expect(again.body.id).toBe(first.body.id);
+    expect((await listLoans(local())).length).toBe(before);
+    // Another request under the key, now free, is another loan.
+    await fetch(`${local()}${path}`, { method: 'DELETE' });
+    const other = await postLoan(local(), loan('2026-05-02'), { key });
+    expect(other.status).toBe(201);
+    expect(other.body.id).not.toBe(first.body.id);
     expect((await listLoans(local())).length).toBe(before + 1);
   });
 

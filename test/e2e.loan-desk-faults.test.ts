@@ -370,7 +370,9 @@ describe('loan desk on SQLite', () => {
         server.close(() => resolve(port));
       });
     });
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: `redis://127.0.0.1:${deadPort}` } });
+    const desk = await startLoanDesk({
+      env: { IDEMPOTENCY_STORE: `redis://127.0.0.1:${deadPort}`, ADMIN_LOOPBACK: '1' },
+    });
     try {
       const refused = await postLoan(desk.baseUrl, intent(), { key: key() });
       expect(refused.status).toBe(503);

@@ -88,7 +88,10 @@ describe.skipIf(!hasPostgres)('loan desk in lease mode: a dead owner’s queued 
 describe('the loan desk’s loan write is keyed by its intent', () => {
   const LOAN = { member: 'U-1001', isbn: 'K-02', issuedAt: '2026-03-10' };
   interface LoanDatabase {
-    createLoan(loan: typeof LOAN, options?: { intent?: string }): Promise<{ loan: { id: number } }>;
+    createLoan(
+      loan: typeof LOAN,
+      options?: { intent?: string; intentTtlMs?: number },
+    ): Promise<{ loan: { id: number } }>;
     countLoans(): Promise<number>;
   }
 
@@ -101,6 +104,14 @@ describe('the loan desk’s loan write is keyed by its intent', () => {
     expect(other.loan.id).not.toBe(first.loan.id);
     expect(new Set(keyless.map((made) => made.loan.id)).size).toBe(2);
     expect(await database.countLoans()).toBe(4);
+    // Past the key's retention the key names a new operation: a new loan, once.
+    const lapsed = await database.createLoan(LOAN, { intent: 'intent-c', intentTtlMs: 1 });
+    await sleep(20);
+    const renewed = await database.createLoan(LOAN, { intent: 'intent-c', intentTtlMs: 60_000 });
+    const again2 = await database.createLoan(LOAN, { intent: 'intent-c', intentTtlMs: 60_000 });
+    expect(renewed.loan.id).not.toBe(lapsed.loan.id);
+    expect(again2.loan).toEqual(renewed.loan);
+    expect(await database.countLoans()).toBe(6);
   }
 
   it('on SQLite, a database made before the intent column gains it', async () => {

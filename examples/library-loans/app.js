@@ -149,7 +149,13 @@ export function loanDesk({
     if (problem) return send(res, 400, problem);
     let result;
     try {
-      result = await database.createLoan(loan, { tx: idem?.tx, intent: idem?.downstreamKey('loan') });
+      result = await database.createLoan(loan, {
+        tx: idem?.tx,
+        // The same key with another body is another intent once the key's record is gone
+        // (deleted, purged, lost with a Redis restart): the fingerprint is part of it.
+        intent: idem?.downstreamKey(`loan ${idem.fingerprint}`),
+        intentTtlMs: ttlMs,
+      });
     } catch (error) {
       // A 5xx is not kept: the key is released (lease mode) or the transaction rolled back (atomic
       // mode), so the client's retry with the same key lends the book once the database is back.

@@ -24,3 +24,6 @@ export const MEMBERS = [
   { id: 'U-1009', name: 'Ines Duarte' },
   { id: 'U-1010', name: 'Jonas Weber' },
 ];
+
+/** How long a keyed loan's intent holds it when no retention is given: the desk's default `IDEMPOTENCY_TTL`. */
+export const DEFAULT_INTENT_TTL_MS = 24 * 60 * 60 * 1000;

@@ -1,5 +1,5 @@
 import { postgresStore } from 'retrysafe/postgres';
-import { BOOKS, MEMBERS } from './catalog.js';
+import { BOOKS, DEFAULT_INTENT_TTL_MS, MEMBERS } from './catalog.js';
 
 /**
  * The loan desk's tables in PostgreSQL, next to the idempotency store's table in one schema. The
@@ -29,8 +29,10 @@ export async function openPostgres({ url, schema, setup }) {
           isbn text NOT NULL REFERENCES ${s}.book (isbn),
           "issuedAt" text NOT NULL,
           "return" text,
-          intent text);
+          intent text,
+          intent_until_ms bigint);
         ALTER TABLE ${s}.loan ADD COLUMN IF NOT EXISTS intent text;
+        ALTER TABLE ${s}.loan ADD COLUMN IF NOT EXISTS intent_until_ms bigint;
         CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON ${s}.loan (intent)`);
       await client.query(
         `INSERT INTO ${s}.book (isbn, title, author)
@@ -55,6 +57,7 @@ export async function openPostgres({ url, schema, setup }) {
   }
 
   const LOAN_COLUMNS = 'id, member, isbn, "issuedAt", "return"';
+  const NOW_MS = '(extract(epoch from clock_timestamp()) * 1000)::bigint';
   // One statement checks both references and inserts, so a keyless loan needs no transaction.
   // Named, so each connection parses and plans it once rather than on every loan. An intent lent
   // already inserts nothing, and the loan it made is read by `LENT` (a statement of its own: when
@@ -64,30 +67,46 @@ export async function openPostgres({ url, schema, setup }) {
     text: `
     WITH b AS (SELECT 1 FROM ${s}.book WHERE isbn = $2),
          m AS (SELECT 1 FROM ${s}.member WHERE id = $1),
-         l AS (INSERT INTO ${s}.loan (member, isbn, "issuedAt", intent)
-               SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM b) AND EXISTS (SELECT 1 FROM m)
+         l AS (INSERT INTO ${s}.loan (member, isbn, "issuedAt", intent, intent_until_ms)
+               SELECT $1, $2, $3, $4, ${NOW_MS} + $5::bigint
+               WHERE EXISTS (SELECT 1 FROM b) AND EXISTS (SELECT 1 FROM m)
                ON CONFLICT (intent) DO NOTHING
                RETURNING ${LOAN_COLUMNS})
     SELECT EXISTS (SELECT 1 FROM b) AS book, EXISTS (SELECT 1 FROM m) AS member, (SELECT row_to_json(l) FROM l) AS loan`,
   };
   const LENT = {
     name: 'library_loans_lent',
-    text: `SELECT ${LOAN_COLUMNS} FROM ${s}.loan WHERE intent = $1`,
+    text: `SELECT ${LOAN_COLUMNS}, intent_until_ms <= ${NOW_MS} AS lapsed FROM ${s}.loan WHERE intent = $1`,
+  };
+  const FORGET = {
+    name: 'library_loans_forget_intent',
+    text: `UPDATE ${s}.loan SET intent = NULL WHERE intent = $1 AND intent_until_ms <= ${NOW_MS}`,
   };
 
   return {
     store,
-    /** `intent` (optional) names the request's intent: a second loan for it returns the first. */
-    async createLoan(loan, { tx, intent } = {}) {
+    /**
+     * `intent` (optional) names the request's intent: a second loan for it within `intentTtlMs`
+     * (the key's retention) returns the first. Past it the key names a new operation, so the old
+     * loan lets go of the intent and a new loan is made.
+     */
+    async createLoan(loan, { tx, intent, intentTtlMs = DEFAULT_INTENT_TTL_MS } = {}) {
       const client = tx ?? pool;
-      const { rows } = await client.query({
-        ...LEND,
-        values: [loan.member, loan.isbn, loan.issuedAt, intent],
-      });
-      const [row] = rows;
-      if (!row.book) return { missing: 'isbn' };
-      if (!row.member) return { missing: 'member' };
-      return { loan: row.loan ?? (await client.query({ ...LENT, values: [intent] })).rows[0] };
+      const until = intent === undefined ? null : intentTtlMs;
+      for (let attempt = 0; ; attempt++) {
+        const { rows } = await client.query({
+          ...LEND,
+          values: [loan.member, loan.isbn, loan.issuedAt, intent ?? null, until],
+        });
+        const [row] = rows;
+        if (!row.book) return { missing: 'isbn' };
+        if (!row.member) return { missing: 'member' };
+        if (row.loan) return { loan: row.loan };
+        const [{ lapsed, ...lent } = { lapsed: true }] = (await client.query({ ...LENT, values: [intent] }))
+          .rows;
+        if (!lapsed || attempt === 2) return { loan: lent };
+        await client.query({ ...FORGET, values: [intent] });
+      }
     },
     listLoans: async () => (await pool.query(`SELECT ${LOAN_COLUMNS} FROM ${s}.loan ORDER BY id`)).rows,
     getLoan: async (id) =>

@@ -1,6 +1,6 @@
 import Database from 'better-sqlite3';
 import { sqliteStore } from 'retrysafe/sqlite';
-import { BOOKS, MEMBERS } from './catalog.js';
+import { BOOKS, DEFAULT_INTENT_TTL_MS, MEMBERS } from './catalog.js';
 
 const SCHEMA = `
   CREATE TABLE IF NOT EXISTS book (isbn TEXT PRIMARY KEY, title TEXT NOT NULL, author TEXT NOT NULL);
@@ -11,7 +11,8 @@ const SCHEMA = `
     isbn TEXT NOT NULL REFERENCES book (isbn),
     issuedAt TEXT NOT NULL,
     "return" TEXT,
-    intent TEXT
+    intent TEXT,
+    intent_until_ms INTEGER
   );`;
 // The unique intent of a keyed loan (see postgres.js); a database made before it gains the column.
 const INTENT_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON loan (intent)';
@@ -47,6 +48,8 @@ export async function openSqlite({ filename, setup, now }) {
       db.exec(SCHEMA);
       const columns = db.prepare('SELECT name FROM pragma_table_info(?)').pluck().all('loan');
       if (!columns.includes('intent')) db.exec('ALTER TABLE loan ADD COLUMN intent TEXT');
+      if (!columns.includes('intent_until_ms'))
+        db.exec('ALTER TABLE loan ADD COLUMN intent_until_ms INTEGER');
       db.exec(INTENT_INDEX);
       db.exec(SECRET_TABLE);
       const book = db.prepare(
@@ -62,30 +65,42 @@ export async function openSqlite({ filename, setup, now }) {
   const bookExists = db.prepare('SELECT 1 FROM book WHERE isbn = ?').pluck();
   const memberExists = db.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
   const insertLoan = db.prepare(
-    `INSERT INTO loan (member, isbn, issuedAt, intent) VALUES (@member, @isbn, @issuedAt, @intent)
+    `INSERT INTO loan (member, isbn, issuedAt, intent, intent_until_ms)
+     VALUES (@member, @isbn, @issuedAt, @intent, @until)
      ON CONFLICT (intent) DO NOTHING RETURNING ${LOAN_COLUMNS}`,
   );
-  const lentLoan = db.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE intent = ?`);
+  const lentLoan = db.prepare(`SELECT ${LOAN_COLUMNS}, intent_until_ms FROM loan WHERE intent = ?`);
+  const forgetIntent = db.prepare('UPDATE loan SET intent = NULL WHERE intent = ?');
+  const clock = now ?? Date.now;
   const allLoans = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
   const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
   const loanCount = reader.prepare('SELECT count(*) FROM loan').pluck();
   const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
   const allMembers = reader.prepare('SELECT id, name FROM member ORDER BY id');
 
-  function lend(loan, intent = null) {
+  /** See postgres.js: an intent holds its loan for `intentTtlMs`, then names a new one. */
+  function lend(loan, intent = null, intentTtlMs = DEFAULT_INTENT_TTL_MS) {
     if (!bookExists.get(loan.isbn)) return { missing: 'isbn' };
     if (!memberExists.get(loan.member)) return { missing: 'member' };
-    return { loan: insertLoan.get({ ...loan, intent }) ?? lentLoan.get(intent) };
+    const nowMs = clock();
+    const until = intent === null ? null : nowMs + intentTtlMs;
+    const made = insertLoan.get({ ...loan, intent, until });
+    if (made) return { loan: made };
+    const { intent_until_ms: lentUntil, ...lent } = lentLoan.get(intent);
+    if (lentUntil > nowMs) return { loan: lent };
+    forgetIntent.run(intent);
+    return { loan: insertLoan.get({ ...loan, intent, until }) };
   }
 
   return {
     store,
     /**
      * `tx` is the open atomic transaction (the connection itself) when the request has a key;
-     * `intent` (optional) names the request's intent: a second loan for it returns the first.
+     * `intent` (optional) names the request's intent: a second loan for it within `intentTtlMs`
+     * returns the first.
      */
-    createLoan: (loan, { tx, intent } = {}) =>
-      tx ? lend(loan, intent) : store.transaction(() => lend(loan, intent)),
+    createLoan: (loan, { tx, intent, intentTtlMs } = {}) =>
+      tx ? lend(loan, intent, intentTtlMs) : store.transaction(() => lend(loan, intent, intentTtlMs)),
     listLoans: async () => allLoans.all(),
     getLoan: async (id) => oneLoan.get(id),
     listBooks: async () => allBooks.all(),
