@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import type { IdempotencyStore, KeyRecordSummary } from './core/types.js';
 
@@ -8,12 +9,14 @@ const USAGE = `Usage:
   retrysafe keys list          <store> [--scope <scope>] [--limit <n>] [--after <cursor>] [--json]
   retrysafe keys show <key>    <store> [--scope <scope>] [--json]
   retrysafe keys delete <key>  <store> [--scope <scope>]
+  retrysafe --version
 
   <store> is --database-url <url> [--schema <name>] [--table <name>]
           or --redis-url <url> [--prefix <prefix>]
 
-  --database-url  a postgres:// (or postgresql://) URL, or the path of a SQLite file;
-                  defaults to the DATABASE_URL environment variable
+  --database-url  a postgres:// (or postgresql://) URL, or the path of a SQLite file ending
+                  .db, .sqlite or .sqlite3; anything else is refused. Defaults to the
+                  DATABASE_URL environment variable
   --schema        PostgreSQL schema of the table (default: public)
   --table         table of the records (default: idempotency_keys)
   --redis-url     a redis:// (or rediss://) URL, for keys kept in Redis
@@ -27,13 +30,37 @@ const USAGE = `Usage:
 
 migrate creates the table and its index when missing (safe to run again);
 purge deletes the records whose retention has passed and prints how many;
-keys list, show and delete inspect live records and free a key (delete exits 1 when there was none).`;
+keys list, show and delete inspect live records and free a key (delete exits 1 when there was none);
+they create nothing: a table or schema that does not exist is refused.`;
 
 class UsageError extends Error {
   override readonly name = 'UsageError';
 }
 
 const POSTGRES_URL = /^postgres(ql)?:\/\//;
+// A SQLite file is named by its extension, so a URL whose scheme was mistyped or forgotten
+// (`postgres@host:5432`, `postgress://…`) is refused instead of becoming a new file of that name.
+const SQLITE_FILE = /\.(db|sqlite3?)$/i;
+
+/** Which store a --database-url names; a usage error when it names none. */
+function databaseKind(databaseUrl: string): 'postgres' | 'sqlite' {
+  if (POSTGRES_URL.test(databaseUrl)) return 'postgres';
+  if (SQLITE_FILE.test(databaseUrl)) return 'sqlite';
+  throw new UsageError(
+    `--database-url ${JSON.stringify(databaseUrl)} is neither a postgres:// URL nor a SQLite file (ending .db, .sqlite or .sqlite3)`,
+  );
+}
+
+/** The store drivers are optional peer dependencies: a missing one says what to install. */
+async function driver<T>(load: () => Promise<T>, name: string): Promise<T> {
+  try {
+    return await load();
+  } catch (error) {
+    const code = (error as { code?: string }).code;
+    if (code !== 'ERR_MODULE_NOT_FOUND' || !(error as Error).message.includes(`'${name}'`)) throw error;
+    throw new Error(`this store needs the ${name} package: npm install ${name}`, { cause: error });
+  }
+}
 const DEFAULT_LIST_LIMIT = 100;
 
 interface Target {
@@ -50,43 +77,71 @@ interface StoreArgs {
   prefix?: string;
 }
 
-async function openStore(createFile: boolean, args: StoreArgs): Promise<Target> {
+/**
+ * Opens the store the arguments name. Only `migrate` creates anything: every other command
+ * refuses a file, schema or table that does not exist, so a typo fails instead of making one.
+ */
+async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs): Promise<Target> {
   const { databaseUrl, redisUrl, schema, table, prefix } = args;
   // Imported on demand: a SQLite user need not install pg or ioredis, and so on.
   if (redisUrl !== undefined) {
+    if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
+    if (table !== undefined) throw new UsageError('--table applies to SQLite and PostgreSQL only');
+    await driver(() => import('ioredis'), 'ioredis');
     const { redisStore } = await import('./stores/redis.js');
     const store = redisStore({ url: redisUrl, prefix });
     return { store, migrate: async () => {}, label: `prefix ${prefix ?? 'retrysafe:'}` };
   }
   if (prefix !== undefined) throw new UsageError('--prefix applies to Redis only');
   if (databaseUrl === undefined) throw new UsageError('--database-url (or DATABASE_URL) is required');
-  if (POSTGRES_URL.test(databaseUrl)) {
+  const tableName = table ?? 'idempotency_keys';
+  if (databaseKind(databaseUrl) === 'postgres') {
+    await driver(() => import('pg'), 'pg');
     const { postgresStore } = await import('./stores/postgres.js');
     const store = postgresStore({ connectionString: databaseUrl, schema, table, maxConnections: 1 });
-    return {
-      store,
-      migrate: () => store.migrate(),
-      label: `"${schema ?? 'public'}"."${table ?? 'idempotency_keys'}"`,
-    };
+    const schemaName = schema ?? 'public';
+    const label = `"${schemaName}"."${tableName}"`;
+    if (command !== 'migrate') {
+      const { rowCount } = await store.pool
+        .query('SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2', [schemaName, tableName])
+        .catch(async (error: unknown) => {
+          await store.close();
+          throw error;
+        });
+      if (rowCount === 0) {
+        await store.close();
+        throw new UsageError(`no table ${label}: check --schema and --table, or create it with migrate`);
+      }
+    }
+    return { store, migrate: () => store.migrate(), label };
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
-  if (!createFile) {
-    // Only migrate may create the file: a mistyped path fails instead of opening a new, empty database.
-    const { default: Database } = await import('better-sqlite3');
+  const { default: Database } = await driver(() => import('better-sqlite3'), 'better-sqlite3');
+  const label = `"${tableName}" in ${databaseUrl}`;
+  if (command !== 'migrate') {
+    let exists: boolean;
     try {
-      new Database(databaseUrl, { readonly: true, fileMustExist: true }).close();
+      const db = new Database(databaseUrl, { readonly: true, fileMustExist: true });
+      try {
+        exists =
+          db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(tableName) !==
+          undefined;
+      } finally {
+        db.close();
+      }
     } catch (error) {
       throw new Error(`cannot open the SQLite database ${databaseUrl}: ${(error as Error).message}`);
     }
+    if (!exists) throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
   }
   const { sqliteStore } = await import('./stores/sqlite.js');
   // The SQLite store creates its table and index when it opens the file.
   const store = sqliteStore({ filename: databaseUrl, table });
-  return { store, migrate: async () => {}, label: `"${table ?? 'idempotency_keys'}" in ${databaseUrl}` };
+  return { store, migrate: async () => {}, label };
 }
 
 async function migrationSql(databaseUrl: string, schema?: string, table?: string): Promise<string[]> {
-  if (POSTGRES_URL.test(databaseUrl)) {
+  if (databaseKind(databaseUrl) === 'postgres') {
     const { postgresMigrationSql } = await import('./stores/postgres.js');
     return postgresMigrationSql({ schema, table });
   }
@@ -167,7 +222,14 @@ async function keys(target: Target, action: string, key: string | undefined, arg
   const where = `${JSON.stringify(key)} in scope ${JSON.stringify(scope)}`;
   if (action === 'show') {
     const record = await store.get(scope, key!);
-    if (!record) throw new Error(`no live record of ${where}`);
+    if (!record) {
+      // The CLI's default scope is "" (requests without credentials); a service usually keeps
+      // its keys under a scope of its own (the loan desk: `anonymous` or a credential digest).
+      throw new Error(
+        `no live record of ${where}${args.scope === undefined ? ' (the default scope)' : ''}; ` +
+          'give the scope the service keeps it under with --scope, and find it with `retrysafe keys list`',
+      );
+    }
     if (args.json) console.log(JSON.stringify(record, null, 2));
     else {
       const values = cells(record);
@@ -196,10 +258,16 @@ async function main(argv: string[]): Promise<void> {
       after: { type: 'string' },
       json: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
+      version: { type: 'boolean' },
     },
   });
   if (values.help) {
     console.log(USAGE);
+    return;
+  }
+  if (values.version) {
+    const manifest = new URL('../package.json', import.meta.url);
+    console.log((JSON.parse(readFileSync(manifest, 'utf8')) as { version: string }).version);
     return;
   }
   const [command, ...rest] = positionals;
@@ -248,7 +316,7 @@ async function main(argv: string[]): Promise<void> {
     if (stores.databaseUrl === undefined && stores.redisUrl === undefined) {
       throw new UsageError('keys needs --database-url (or DATABASE_URL) or --redis-url');
     }
-    const target = await openStore(false, stores);
+    const target = await openStore('keys', stores);
     try {
       await keys(target, action, key, args);
     } finally {
@@ -268,7 +336,7 @@ async function main(argv: string[]): Promise<void> {
     return;
   }
 
-  const target = await openStore(command === 'migrate', stores);
+  const target = await openStore(command, stores);
   try {
     if (command === 'migrate') {
       await target.migrate();

@@ -1,5 +1,14 @@
 import { execFile } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
@@ -20,13 +29,13 @@ interface Run {
   stderr: string;
 }
 
-/** Runs the built CLI as a user would; a run that hangs is killed and fails the test. */
-function cli(...args: string[]): Promise<Run> {
+/** Runs a built CLI as a user would, in `cwd`; a run that hangs is killed and fails the test. */
+function runCli(path: string, args: string[], cwd?: string): Promise<Run> {
   return new Promise((resolve) => {
     execFile(
       process.execPath,
-      [CLI, ...args],
-      { timeout: 20_000, env: { ...process.env, DATABASE_URL: '' } },
+      [path, ...args],
+      { timeout: 20_000, cwd, env: { ...process.env, DATABASE_URL: '' } },
       (error, stdout, stderr) => {
         const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
         resolve({ code, stdout, stderr });
@@ -34,6 +43,8 @@ function cli(...args: string[]): Promise<Run> {
     );
   });
 }
+
+const cli = (...args: string[]) => runCli(CLI, args);
 
 /** Rows for the records table, `expired` of them past their retention, `live` not. */
 function rows(expired: number, live: number) {
@@ -65,6 +76,53 @@ describe('retrysafe CLI', () => {
     expect(help.stdout).toContain('retrysafe migrate --database-url');
   });
 
+  it('--version prints the package version', async () => {
+    const { version } = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'));
+    expect(await cli('--version')).toMatchObject({ code: 0, stdout: `${version}\n`, stderr: '' });
+  });
+
+  it('refuses a --database-url that is neither a postgres:// URL nor a SQLite file, creating nothing', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'retrysafe-cli-url-'));
+    try {
+      for (const url of ['postgres@127.0.0.1:5432', 'postgress://root@127.0.0.1/test', 'keys']) {
+        for (const command of [['migrate'], ['purge'], ['keys', 'list']]) {
+          const run = await runCli(CLI, [...command, '--database-url', url], dir);
+          expect(run.code).toBe(2);
+          expect(run.stderr).toContain(`--database-url ${JSON.stringify(url)} is neither`);
+        }
+      }
+      expect(readdirSync(dir)).toEqual([]);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a missing driver says which package to install', async () => {
+    // A copy of the package whose node_modules holds everything but the driver under test.
+    const project = mkdtempSync(join(tmpdir(), 'retrysafe-cli-driver-'));
+    try {
+      cpSync(new URL('../dist', import.meta.url), join(project, 'dist'), { recursive: true });
+      cpSync(new URL('../package.json', import.meta.url), join(project, 'package.json'));
+      const modules = new URL('../node_modules/', import.meta.url).pathname;
+      for (const [driver, args] of [
+        ['pg', ['keys', 'list', '--database-url', 'postgres://root@127.0.0.1:1/test']],
+        ['better-sqlite3', ['keys', 'list', '--database-url', join(project, 'keys.db')]],
+        ['ioredis', ['keys', 'list', '--redis-url', 'redis://127.0.0.1:1']],
+      ] as const) {
+        rmSync(join(project, 'node_modules'), { recursive: true, force: true });
+        mkdirSync(join(project, 'node_modules'));
+        for (const name of readdirSync(modules).filter((name) => name !== driver)) {
+          symlinkSync(join(modules, name), join(project, 'node_modules', name));
+        }
+        const run = await runCli(join(project, 'dist/cli.js'), [...args]);
+        expect(run.code).toBe(1);
+        expect(run.stderr).toContain(`needs the ${driver} package: npm install ${driver}`);
+      }
+    } finally {
+      rmSync(project, { recursive: true, force: true });
+    }
+  });
+
   it('exits 1 with the error when the database is unreachable', async () => {
     const run = await cli('migrate', '--database-url', 'postgres://postgres@127.0.0.1:1/test');
     expect(run.code).toBe(1);
@@ -82,6 +140,22 @@ describe('retrysafe CLI', () => {
       expect(run.code).toBe(1);
       expect(run.stderr).toContain(mistyped);
       expect(existsSync(mistyped)).toBe(false);
+    });
+
+    it('keys and purge refuse a table that does not exist, naming it, and create none', async () => {
+      const path = join(dir, 'existing.db');
+      new Database(path).close();
+      for (const command of [['keys', 'list'], ['keys', 'show', 'k'], ['keys', 'delete', 'k'], ['purge']]) {
+        const run = await cli(...command, '--database-url', path, '--table', 'nope');
+        expect(run.code).toBe(2);
+        expect(run.stderr).toContain('no table "nope"');
+      }
+      const db = new Database(path, { readonly: true });
+      try {
+        expect(db.prepare('SELECT name FROM sqlite_master').pluck().all()).toEqual([]);
+      } finally {
+        db.close();
+      }
     });
 
     it('migrate --print prints the SQL and touches no database', async () => {
@@ -140,6 +214,25 @@ describe('retrysafe CLI', () => {
         [schema],
       );
       expect(indexes.map((r) => r.indexname)).toEqual(['keys_expires_at_ms', 'keys_pkey']);
+    });
+
+    it('keys and purge refuse a schema or table that does not exist, and create none', async () => {
+      const missing = `${schema}_nope`;
+      for (const [option, name, label] of [
+        ['--schema', missing, `"${missing}"."idempotency_keys"`],
+        ['--table', 'nope', '"public"."nope"'],
+      ] as const) {
+        for (const command of [['keys', 'list'], ['keys', 'show', 'k'], ['keys', 'delete', 'k'], ['purge']]) {
+          const run = await cli(...command, '--database-url', PG_URL, option, name);
+          expect(run.code).toBe(2);
+          expect(run.stderr).toContain(`no table ${label}`);
+        }
+      }
+      const { rows: made } = await admin.query(
+        "SELECT 1 FROM pg_namespace WHERE nspname = $1 UNION ALL SELECT 1 FROM pg_tables WHERE schemaname = 'public' AND tablename = 'nope'",
+        [missing],
+      );
+      expect(made).toEqual([]);
     });
 
     it('migrate --print prints SQL that makes a working table, without connecting', async () => {
@@ -278,7 +371,13 @@ function describeKeysCommands(
     expect(table.stdout).toMatch(/^state\s+completed$/m);
     const missing = await cli('keys', 'show', 'order-9', '--scope', 'tenant', ...args);
     expect(missing.code).toBe(1);
-    expect(missing.stderr).toContain('order-9');
+    expect(missing.stderr).toContain('"order-9" in scope "tenant"');
+    // The default scope is "", where a service's keys rarely are: say so, and how to find them.
+    const unscoped = await cli('keys', 'show', 'order-1', ...args);
+    expect(unscoped.code).toBe(1);
+    expect(unscoped.stderr).toContain('"order-1" in scope "" (the default scope)');
+    expect(unscoped.stderr).toContain('--scope');
+    expect(unscoped.stderr).toContain('retrysafe keys list');
   });
 
   it('keys delete frees one key in one scope', async () => {
@@ -307,6 +406,14 @@ describe('retrysafe keys', () => {
       expect(run.stderr).toContain('Usage:');
     }
     expect((await cli('keys', 'show', '--database-url', 'x.db')).code).toBe(2);
+  });
+
+  it('refuses --schema or --table with a Redis URL', async () => {
+    for (const option of ['--schema', '--table']) {
+      const run = await cli('keys', 'list', '--redis-url', REDIS_URL, option, 'x');
+      expect(run.code).toBe(2);
+      expect(run.stderr).toContain(`${option} applies to`);
+    }
   });
 
   describe('on SQLite', () => {
