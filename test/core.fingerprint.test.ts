@@ -274,11 +274,15 @@ describe('fingerprint of a body a parser already parsed', () => {
 
   it('is unchanged for a value JSON writes exactly: the fingerprint of the JSON text', () => {
     fc.assert(
-      fc.property(awkwardJson, fc.constantFrom(json, 'application/x-www-form-urlencoded'), (value, type) => {
-        // A string a text parser made is the body as sent, and null no body: those are not written.
-        fc.pre(typeof value !== 'string' && value !== null);
-        expect(parsed(value, type)).toBe(fp(JSON.stringify(value), type));
-      }),
+      fc.property(
+        awkwardJson,
+        fc.constantFrom(json, 'application/problem+json; charset=utf-8'),
+        (value, type) => {
+          // A string a text parser made is the body as sent, and null no body: those are not written.
+          fc.pre(typeof value !== 'string' && value !== null);
+          expect(parsed(value, type)).toBe(fp(JSON.stringify(value), type));
+        },
+      ),
       { numRuns: 500 },
     );
   });
@@ -306,5 +310,59 @@ describe('fingerprint of a body a parser already parsed', () => {
     const text = `${'['.repeat(200_000)}1${']'.repeat(200_000)}`;
     expect(parsed(deep(1))).toBe(fp(text));
     expect(parsed(deep(Number.POSITIVE_INFINITY))).not.toBe(parsed(deep(null)));
+  });
+});
+
+describe('fingerprint of a form, and of a parsed value of another media type', () => {
+  const form = 'application/x-www-form-urlencoded';
+  const parsed = (value: unknown, contentType: string | undefined) =>
+    fingerprint({ method: 'POST', path: '/loans', contentType, body: parsedBody(value) });
+  const field = fc.tuple(fc.constantFrom('item', 'qty', 'a%62', 'ab', ''), fc.string({ maxLength: 3 }));
+  const fields = fc.uniqueArray(field, { selector: ([name]) => name, maxLength: 5 });
+  const written = (pairs: Array<[string, string]>) => pairs.map(([n, v]) => `${n}=${encodeURIComponent(v)}`);
+
+  it('a form sent as bytes: any order of its fields is one fingerprint; another value, another', () => {
+    fc.assert(
+      fc.property(fields, fc.nat(), (pairs, seed) => {
+        const sent = written(pairs);
+        const shuffled = [...sent].sort(
+          (a, b) => ((a.length * 31 + seed) % 7) - ((b.length * 31 + seed) % 7),
+        );
+        expect(fp(shuffled.join('&'), form)).toBe(fp(sent.join('&'), form));
+        expect(fp(`${sent.join('&')}&x=1`, form)).not.toBe(fp(sent.join('&'), form));
+      }),
+    );
+    // A repeated field's values keep their order; names are compared as sent.
+    expect(fp('a=1&a=2', form)).not.toBe(fp('a=2&a=1', form));
+    expect(fp('a%62=1', form)).not.toBe(fp('ab=1', form));
+  });
+
+  it('a parsed form: any order of its fields is one fingerprint', () => {
+    fc.assert(
+      fc.property(fields, (pairs) => {
+        const value = Object.fromEntries(pairs);
+        expect(parsed(Object.fromEntries([...pairs].reverse()), form)).toBe(parsed(value, form));
+      }),
+    );
+  });
+
+  it('different media types never share a fingerprint, parsed or as bytes', () => {
+    const types = [form, json, 'text/plain', 'application/octet-stream', undefined];
+    fc.assert(
+      fc.property(fields, (pairs) => {
+        const value = Object.fromEntries(pairs);
+        const text = JSON.stringify(value);
+        const seen = new Set([
+          ...types.map((type) => parsed(value, type)),
+          fp(text, 'text/plain'),
+          fp(written(pairs).join('&'), form),
+        ]);
+        expect(seen.size).toBe(types.length + 2);
+        // Parsed JSON is the JSON sent, as before.
+        expect(parsed(value, json)).toBe(fp(text, json));
+      }),
+    );
+    // The media type is compared without its parameters and case.
+    expect(parsed({ a: '1' }, 'Text/Plain; charset=utf-8')).toBe(parsed({ a: '1' }, 'text/plain'));
   });
 });

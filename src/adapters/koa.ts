@@ -116,9 +116,9 @@ export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middl
 
 async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Promise<RequestBody> {
   const request = ctx.request as Context['request'] & { body?: unknown; rawBody?: string };
-  // A body parser ran first: fingerprint the bytes it read, or what it parsed (JSON is
-  // canonicalised, so re-serialising is exact).
-  if (request.body !== undefined) {
+  // A body parser ran first and read the body: fingerprint the bytes it read, or what it parsed.
+  // One that skipped this content type (leaving `{}`) left the stream unread: read it below.
+  if (request.body !== undefined && (typeof request.rawBody === 'string' || ctx.req.readableEnded)) {
     return typeof request.rawBody === 'string' ? Buffer.from(request.rawBody) : parsedBody(request.body);
   }
   let body: Buffer;

@@ -245,8 +245,9 @@ async function bodyOf(
   engine: Idempotency<NestRequest, unknown>,
 ): Promise<RequestBody> {
   // The platform's parser read the body: fingerprint its bytes (`rawBody: true`) or what it
-  // parsed (JSON is canonicalised, so re-serialising is exact).
-  if (req.rawBody !== undefined || req.body !== undefined || rawReq.readableEnded) {
+  // parsed. One that skipped this content type may still leave a `req.body` (body-parser 1: `{}`)
+  // but leaves the stream unread.
+  if (req.rawBody !== undefined || rawReq.readableEnded || (rawReq as { _body?: boolean })._body) {
     return req.rawBody ?? parsedBody(req.body);
   }
   // No parser took this content type: read it, and leave it in `req.body` as a Buffer.

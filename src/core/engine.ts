@@ -90,7 +90,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       throw error;
     }
     // A parser in front may allow more than we do: what it read is held to our limit too.
-    if ((body instanceof Uint8Array ? body : body.nonJson).byteLength > config.maxBodyBytes) {
+    if ((body instanceof Uint8Array ? body : body.parsed).byteLength > config.maxBodyBytes) {
       return rejected(bodyTooLarge(config), 'body_too_large');
     }
     const scoped = config.scopeOf(request);

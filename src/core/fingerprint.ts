@@ -15,20 +15,23 @@ export interface FingerprintInput {
  * A request body as an adapter hands it over: its bytes, or for a body a parser already turned into
  * a value, what {@link parsedBody} writes of that value.
  */
-export type RequestBody = Uint8Array | NonJsonBody;
+export type RequestBody = Uint8Array | ParsedBody;
 
 /**
- * The text {@link parsedBody} wrote for a parsed value that JSON cannot write (`Infinity`, `NaN`,
- * an `undefined` array item): hashed in a domain of its own.
+ * A value a parser made of the body (of the request's media type), as {@link parsedBody} wrote it:
+ * its JSON text, or, for a value JSON cannot write (`Infinity`, `NaN`, an `undefined` array item),
+ * that text with those written as themselves (`exact: false`).
  */
-export interface NonJsonBody {
-  readonly nonJson: Uint8Array;
+export interface ParsedBody {
+  readonly parsed: Uint8Array;
+  readonly exact: boolean;
 }
 
 /** Maps a parsed JSON body before it is hashed, e.g. to drop a volatile field. */
 export type FingerprintBody = (body: unknown) => unknown;
 
 const JSON_TYPE = /^application\/(?:[\w.+-]+\+)?json\s*(?:;|$)/i;
+const FORM_TYPE = /^application\/x-www-form-urlencoded\s*(?:;|$)/i;
 
 // An absolute-form target (RFC 9112 §3.2.2), as sent to proxies and accepted by origin servers.
 const SCHEME_AND_AUTHORITY = /^[a-z][a-z\d+.-]*:\/\/[^/?#]*/i;
@@ -45,29 +48,73 @@ const MAX_CANONICAL_DEPTH = 500;
 const UTF8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 
 /**
- * sha256 over method, path and body. A JSON body is hashed in its RFC 8785 canonical form, so key
- * order and whitespace do not make two equal requests differ; any other body is hashed as bytes,
+ * sha256 over method, path and body. A JSON body, as bytes or parsed, is hashed in its RFC 8785
+ * canonical form, so key order and whitespace do not make two equal requests differ; so is a
+ * value a parser made of any other media type, in a domain that names that type, so that a body of
+ * another type never shares its fingerprint. A form body read as bytes is hashed with its fields
+ * in order of name (a field repeated keeps its values' order); any other body is hashed as bytes,
  * and so is JSON that has no canonical form (`1e400`, a lone surrogate, nesting past 500 levels).
- * A parsed value JSON cannot write is hashed by {@link parsedBody}'s text, in a third domain.
  */
 export function fingerprint(input: FingerprintInput, mapBody?: FingerprintBody): string {
   const head = `${input.method.toUpperCase()}\n${originForm(input.path)}\n`;
-  const { body } = input;
-  // The byte and non-JSON domains start with a NUL, which no method (an HTTP token) contains, so
-  // neither collides with the canonical one, whatever the path holds.
-  if (!(body instanceof Uint8Array)) {
-    return createHash('sha256').update(`\0parsed\n${head}`).update(body.nonJson).digest('hex');
+  const { body, contentType } = input;
+  const isJson = contentType !== undefined && JSON_TYPE.test(contentType);
+  // The byte and parsed domains start with a NUL, which no method (an HTTP token) contains, so
+  // neither collides with the canonical JSON one, whatever the path holds.
+  if (body instanceof Uint8Array) {
+    const canonical = isJson ? canonicalJson(body, mapBody) : undefined;
+    if (canonical !== undefined) return sha256(`${head}json\n${canonical}`, 'hex');
+    if (contentType !== undefined && FORM_TYPE.test(contentType)) {
+      return sha256(`\0form\n${head}${fieldsByName(body)}`, 'hex');
+    }
+    return createHash('sha256').update(`\0bytes\n${head}`).update(body).digest('hex');
   }
-  const canonical =
-    input.contentType && JSON_TYPE.test(input.contentType) ? canonicalJson(body, mapBody) : undefined;
-  if (canonical !== undefined) return sha256(`${head}json\n${canonical}`, 'hex');
-  return createHash('sha256').update(`\0bytes\n${head}`).update(body).digest('hex');
+  if (isJson) {
+    // Parsed JSON: the text JSON.stringify wrote hashes as the bytes sent would (no other pass).
+    if (body.exact) return fingerprint({ ...input, body: body.parsed }, mapBody);
+    return createHash('sha256').update(`\0parsed\n${head}`).update(body.parsed).digest('hex');
+  }
+  // Canonical text is JSON, inexact text is not (a bare Infinity, NaN or undefined): apart. The
+  // space after `parsed` keeps even a missing media type apart from the JSON domain above.
+  const canonical = body.exact ? canonicalJson(body.parsed) : undefined;
+  return createHash('sha256')
+    .update(`\0parsed ${mediaType(contentType)}\n${head}`)
+    .update(canonical ?? body.parsed)
+    .digest('hex');
+}
+
+/** `Text/Plain; charset=utf-8` → `text/plain`; none → the empty string. */
+function mediaType(contentType: string | undefined): string {
+  if (contentType === undefined) return '';
+  const end = contentType.indexOf(';');
+  return (end === -1 ? contentType : contentType.slice(0, end)).trim().toLowerCase();
 }
 
 /**
- * What to fingerprint for a body a parser already consumed (`express.json()`, Fastify's and Nest's
- * parsers, a Koa parser without `rawBody`): the value written back as JSON, which a JSON body then
- * hashes as the bytes sent would. A value JSON cannot write exactly is written with `Infinity`,
+ * `qty=2&item=book` → `item=book&qty=2`: fields ordered by name as sent (still percent-encoded,
+ * so no two different fields become one), a repeated field's values in the order sent.
+ */
+function fieldsByName(body: Uint8Array): string {
+  // latin1 maps each byte to one code unit: lossless, whatever the bytes.
+  const fields = Buffer.from(body.buffer, body.byteOffset, body.byteLength).toString('latin1').split('&');
+  const nameOf = (field: string) => {
+    const end = field.indexOf('=');
+    return end === -1 ? field : field.slice(0, end);
+  };
+  // Array.prototype.sort is stable: equal names keep their order.
+  return fields
+    .map((field) => [nameOf(field), field] as const)
+    .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+    .map(([, field]) => field)
+    .join('&');
+}
+
+/**
+ * What to fingerprint for a body a parser already consumed (`express.json()`,
+ * `express.urlencoded()`, Nest's parsers, a Koa parser without `rawBody`): the value written back
+ * as JSON, which a JSON body then hashes as the bytes sent would, and a value of another media type
+ * (a parsed form) canonically, in that type's domain. A string or bytes (`express.text()`,
+ * `express.raw()`) are the body's bytes. A value JSON cannot write exactly is written with `Infinity`,
  * `-Infinity`, `NaN` and `undefined` where JSON.stringify writes `null`, so `{"n":1e400}`, which
  * JSON.parse reads as Infinity, never shares a fingerprint with `{"n":null}`. Two values the
  * handler cannot tell apart by `===` share one: `-0` and `0` (RFC 8785 writes both `0`), and a
@@ -88,7 +135,7 @@ export function parsedBody(value: unknown): RequestBody {
   }
   // JSON.stringify writes every value it cannot write as `null`: without one, the text is exact.
   if (text.includes('null') && !writesExactly(value)) return written(value);
-  return Buffer.from(text, 'utf8');
+  return { parsed: Buffer.from(text, 'utf8'), exact: true };
 }
 
 /** `false` when the value holds a non-finite number or an `undefined` array item. */
@@ -110,10 +157,9 @@ function writesExactly(root: unknown): boolean {
 
 /**
  * JSON.stringify's text, written with an explicit stack instead of recursion, and with the values
- * it writes as `null` written as themselves: exact text for an exact value, a {@link NonJsonBody}
- * otherwise.
+ * it writes as `null` written as themselves, `exact` or not.
  */
-function written(root: unknown): RequestBody {
+function written(root: unknown): ParsedBody {
   let exact = true;
   const out: string[] = [];
   // Values still to write, and the punctuation between them, in reverse order.
@@ -147,8 +193,7 @@ function written(root: unknown): RequestBody {
       out.push(String(value));
     } else out.push(JSON.stringify(value) ?? 'null');
   }
-  const bytes = Buffer.from(out.join(''), 'utf8');
-  return exact ? bytes : { nonJson: bytes };
+  return { parsed: Buffer.from(out.join(''), 'utf8'), exact };
 }
 
 /** `http://host/loans?x=1` → `/loans?x=1`; origin-form is kept as sent, since routers see it so. */

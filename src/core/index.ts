@@ -34,7 +34,7 @@ export {
   type FingerprintBody,
   type FingerprintInput,
   fingerprint,
-  type NonJsonBody,
+  type ParsedBody,
   parsedBody,
   type RequestBody,
 } from './fingerprint.js';

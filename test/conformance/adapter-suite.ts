@@ -661,6 +661,43 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(app.calls['POST /form']).toBe(1);
           }));
 
+        it('a form with its fields in another order replays; the same fields as JSON or text/plain get 409', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const form = { 'content-type': 'application/x-www-form-urlencoded' };
+            const first = await send(app, 'POST', '/form', { key, body: 'item=book&qty=2', headers: form });
+            expect(first.status).toBe(201);
+            expectReplayOf(
+              await send(app, 'POST', '/form', { key, body: 'qty=2&item=book', headers: form }),
+              first,
+            );
+            // The bytes a parsed form is written as, sent as another media type.
+            for (const type of ['text/plain', 'application/json']) {
+              const reply = await send(app, 'POST', '/form', {
+                key,
+                body: '{"item":"book","qty":"2"}',
+                headers: { 'content-type': type },
+              });
+              expectError(reply, 409, 'key_conflict');
+            }
+            expect(app.calls['POST /form']).toBe(1);
+          }));
+
+        it('a body no parser reads (text/plain): the same bytes replay, other bytes under the same key get 409', () =>
+          withApp({}, async (app) => {
+            const key = newKey();
+            const headers = { 'content-type': 'text/plain' };
+            const first = await send(app, 'POST', '/text', { key, body: 'hello', headers });
+            expect(first.status).toBe(200);
+            expectReplayOf(await send(app, 'POST', '/text', { key, body: 'hello', headers }), first);
+            expectError(
+              await send(app, 'POST', '/text', { key, body: 'world', headers }),
+              409,
+              'key_conflict',
+            );
+            expect(app.calls['POST /text']).toBe(1);
+          }));
+
         if (adapter.bodyParsers === 'after')
           it('a parser mounted after the middleware skips the body it read, and the handler gets a Buffer', () =>
             withApp({}, async (app) => {
