@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { freePort } from './support/free-port.js';
+import { checkQuickStart } from './support/quick-start.js';
 
 /**
  * The package as a user gets it: `npm pack`, then `npm install <tarball>` into fresh projects
@@ -64,7 +65,7 @@ function asCommonJs(source: string): string {
   return `(async () => {\n${body}\n})();\n`;
 }
 
-/** Starts `file` in `dir` and checks the quick start's promise: 400 without a key, then a replay. */
+/** Starts `file` in `dir` and checks the quick start's promise (test/support/quick-start.ts). */
 async function serveOneReplay(dir: string, file: string): Promise<void> {
   const port = await freePort();
   const child = spawn(process.execPath, [file], {
@@ -83,21 +84,8 @@ async function serveOneReplay(dir: string, file: string): Promise<void> {
       if (line.includes('listening on')) resolve();
     });
   });
-  const order = (key?: string) =>
-    fetch(`http://127.0.0.1:${port}/orders`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
-      body: JSON.stringify({ item: 'book' }),
-    });
   try {
-    expect((await order()).status).toBe(400);
-    const first = await order('order-1');
-    expect(first.status).toBe(201);
-    const body = await first.json();
-    expect(body).toEqual({ id: 1, order: { item: 'book' }, key: 'order-1' });
-    const retry = await order('order-1');
-    expect(retry.headers.get('idempotency-replayed')).toBe('true');
-    expect(await retry.json()).toEqual(body);
+    await checkQuickStart(`http://127.0.0.1:${port}`);
   } finally {
     child.kill();
   }
