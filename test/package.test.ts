@@ -68,8 +68,10 @@ function asCommonJs(source: string): string {
 /** Starts `file` in `dir` and checks the quick start's promise (test/support/quick-start.ts). */
 async function serveOneReplay(dir: string, file: string): Promise<void> {
   const port = await freePort();
-  const child = spawn(process.execPath, [file], {
-    cwd: dir,
+  // Its own working directory, so each quick start starts with its own idempotency.db.
+  const cwd = mkdtempSync(join(dir, 'run-'));
+  const child = spawn(process.execPath, [join(dir, file)], {
+    cwd,
     env: { ...process.env, PORT: String(port), HOST: '127.0.0.1' },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
