@@ -26,7 +26,7 @@ export interface AttemptEvent {
 /**
  * The defaults ride out a server restart within one lease: the server refuses connections while
  * it restarts, then answers the crashed request's key "in progress" (409 + Retry-After) until
- * its lease passes (30 s by default; a retry meanwhile may wait up to 10 s on the server), and
+ * its lease passes (10 s by default; a retry meanwhile may wait up to 10 s on the server), and
  * only then runs the retry. `deadlineMs` (60 s) covers that with room to spare; `maxAttempts`
  * stays out of its way even when every jittered wait is short.
  */
