@@ -6,7 +6,7 @@ import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './su
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
- * Every row of DESIGN.md §4 and §5 over real HTTP against the loan desk as a child process, on
+ * Every row of docs/reference.md "HTTP outcomes" and the desk's own answers (examples/library-loans/README.md) over real HTTP against the loan desk as a child process, on
  * SQLite in atomic and lease mode and on PostgreSQL in atomic mode.
  */
 

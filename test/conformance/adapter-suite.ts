@@ -20,7 +20,7 @@ import { sqliteStore } from '../../src/stores/sqlite.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support/services.js';
 
 /**
- * The adapter conformance suite: one list of HTTP scenarios (every row of DESIGN.md §4, bad keys,
+ * The adapter conformance suite: one list of HTTP scenarios (every row of docs/reference.md "HTTP outcomes", bad keys,
  * large and streamed bodies, concurrent duplicates, handler errors, scopes, pass-through and the
  * known failure modes of other middlewares), run over real HTTP against every adapter and store.
  *

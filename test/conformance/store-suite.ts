@@ -43,7 +43,7 @@ export interface StoreUnderTest {
 }
 
 /**
- * The contract every store passes (src/core/types.ts, DESIGN.md §3), written once and run per store.
+ * The contract every store passes (src/core/types.ts; docs/guarantees.md says what it promises), written once and run per store.
  *
  * The store from `setup` is shared by every test here; each test uses fresh random scopes and keys,
  * so a store backed by a shared database works, provided nothing else purges it or writes
