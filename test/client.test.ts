@@ -474,3 +474,15 @@ describe('defaults that outlast a server restart within one lease', () => {
     expect(response.status).toBe(201);
   });
 });
+
+describe('the client documentation', () => {
+  it("states the server's default lease as the engine declares it", async () => {
+    const root = new URL('..', import.meta.url);
+    const engineDefault = /@default '(\d+)s'\n\s*\* @example lease:/.exec(
+      await readFile(new URL('src/core/options.ts', root), 'utf8'),
+    )?.[1];
+    const declared = await readFile(new URL('dist/client/index.d.ts', root), 'utf8');
+    expect(engineDefault).toBeDefined();
+    expect(/its lease passes \((\d+) s by default/.exec(declared)?.[1]).toBe(engineDefault);
+  });
+});

@@ -2,8 +2,6 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import ts from 'typescript';
 import { describe, expect, it } from 'vitest';
-import { resolveOptions } from '../src/core/resolve-options.js';
-import { memoryStore } from '../src/stores/memory.js';
 
 /**
  * What an editor shows a user hovering an import: the doc comment of each public export, as the
@@ -35,14 +33,5 @@ describe('the built type declarations', () => {
       })
       .map((symbol) => symbol.name);
     expect(undocumented).toEqual([]);
-  });
-
-  it("the client's documented lease is the engine's default", () => {
-    const client = readFileSync(join(root, 'dist/client/index.d.ts'), 'utf8');
-    const said = /its lease passes \((\d+) s by default/.exec(client);
-    expect(said, 'the client no longer states the lease').not.toBeNull();
-    const store = memoryStore();
-    expect(Number(said![1]) * 1000).toBe(resolveOptions({ store }).leaseMs);
-    void store.close();
   });
 });

@@ -2,7 +2,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSyn
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { pack, run, serveOneReplay } from './support/quick-start.js';
+import { checkQuickStart, pack, run, serveOneReplay } from './support/quick-start.js';
 
 /**
  * The package as a user gets it, following the README's install words: a fresh checkout (this
@@ -60,9 +60,17 @@ function asCommonJs(source: string): string {
   return `(async () => {\n${body}\n})();\n`;
 }
 
-/** Runs `file` with node in `dir`: the quick start's promise, over HTTP. */
+/**
+ * Runs `file` with node from `dir` (in a working directory of its own, so each quick start has
+ * its own idempotency.db): the quick start's promise, bad bodies included, over HTTP.
+ */
 const serveWithNode = (dir: string, file: string) =>
-  serveOneReplay({ command: process.execPath, args: [file], cwd: dir });
+  serveOneReplay({
+    command: process.execPath,
+    args: [join(dir, file)],
+    cwd: mkdtempSync(join(dir, 'run-')),
+    check: checkQuickStart,
+  });
 
 beforeAll(() => {
   ({ tarball, files, checkout } = pack(work));

@@ -6,7 +6,10 @@ const app = Fastify();
 app.register(idempotency, { store: sqliteStore({ filename: 'idempotency.db' }) });
 let orders = 0;
 
-app.post('/orders', { config: { idempotency: { required: true } } }, async (request, reply) => {
+// Fastify answers 400 itself to a body that is not JSON or not an order.
+const schema = { body: { type: 'object', required: ['item'], properties: { item: { type: 'string' } } } };
+
+app.post('/orders', { schema, config: { idempotency: { required: true } } }, async (request, reply) => {
   const id = ++orders;
   reply.code(201).header('location', `/orders/${id}`);
   return { id, order: request.body, key: request.idempotency?.key };

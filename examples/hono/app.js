@@ -8,8 +8,9 @@ let orders = 0;
 
 app.use('/orders', idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true }));
 app.post('/orders', async (c) => {
+  const order = await c.req.json().catch(() => undefined);
+  if (typeof order?.item !== 'string') return c.json({ error: 'send a JSON order with an item' }, 400);
   const id = ++orders;
-  const order = await c.req.json();
   return c.json({ id, order, key: c.get('idempotency')?.key }, 201, { location: `/orders/${id}` });
 });
 

@@ -1,4 +1,4 @@
-import { Body, Controller, Module, Post, Res } from '@nestjs/common';
+import { BadRequestException, Body, Controller, Module, Post, Res } from '@nestjs/common';
 import { NestFactory } from '@nestjs/core';
 import { IdempotencyCtx, Idempotent, RetrysafeModule } from 'retrysafe/nestjs';
 import { sqliteStore } from 'retrysafe/sqlite';
@@ -7,6 +7,7 @@ let orders = 0;
 
 class OrdersController {
   create(body, idem, res) {
+    if (typeof body?.item !== 'string') throw new BadRequestException('send a JSON order with an item');
     const id = ++orders;
     res.header('location', `/orders/${id}`);
     return { id, order: body, key: idem.key };

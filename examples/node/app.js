@@ -8,9 +8,17 @@ let orders = 0;
 const server = http.createServer(
   guard((req, res, idem) => {
     if (req.method !== 'POST' || req.url !== '/orders') return res.writeHead(404).end();
+    let order;
+    try {
+      order = JSON.parse(String(req.body));
+    } catch {}
+    if (typeof order?.item !== 'string') {
+      res.writeHead(400, { 'content-type': 'application/json' });
+      return res.end(JSON.stringify({ error: 'send a JSON order with an item' }));
+    }
     const id = ++orders;
     res.writeHead(201, { 'content-type': 'application/json', location: `/orders/${id}` });
-    res.end(JSON.stringify({ id, order: JSON.parse(String(req.body)), key: idem?.key }));
+    res.end(JSON.stringify({ id, order, key: idem?.key }));
   }),
 );
 const port = Number(process.env.PORT ?? 3000);
