@@ -408,6 +408,32 @@ describe('retrysafe keys', () => {
     expect((await cli('keys', 'show', '--database-url', 'x.db')).code).toBe(2);
   });
 
+  it.skipIf(!hasRedis)('uses the Redis database the URL names, and fails on one Redis refuses', async () => {
+    const prefix = `${uniqueName('rs_cli_db')}:`;
+    const store = redisStore({ url: `${REDIS_URL}/3`, prefix });
+    try {
+      const claimed = await store.claim({
+        scope: '',
+        key: 'in-db-3',
+        fingerprint: 'f',
+        leaseMs: 60_000,
+        ttlMs: 60_000,
+      });
+      expect(claimed.outcome).toBe('acquired');
+      const listed = await cli('keys', 'list', '--redis-url', `${REDIS_URL}/3`, '--prefix', prefix);
+      expect(listed.code).toBe(0);
+      expect(listed.stdout).toContain('in-db-3');
+      const other = await cli('keys', 'list', '--redis-url', `${REDIS_URL}/0`, '--prefix', prefix);
+      expect(other.stdout).not.toContain('in-db-3');
+      const refused = await cli('keys', 'list', '--redis-url', `${REDIS_URL}/99`, '--prefix', prefix);
+      expect(refused.code).toBe(1);
+      expect(refused.stderr).toContain('refuses the database 99');
+    } finally {
+      await store.delete('', 'in-db-3');
+      await store.close();
+    }
+  });
+
   it('refuses --schema or --table with a Redis URL', async () => {
     for (const option of ['--schema', '--table']) {
       const run = await cli('keys', 'list', '--redis-url', REDIS_URL, option, 'x');

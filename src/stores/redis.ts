@@ -360,13 +360,25 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       maxRetriesPerRequest: 0,
       retryStrategy: (attempt) => Math.min(attempt * 50, MAX_RECONNECT_DELAY_MS),
     });
-  // ioredis reports connection errors as events and reconnects by itself.
-  if (ownsClient) client.on('error', () => {});
+  // ioredis reports connection errors as events and reconnects by itself. A database the URL
+  // names that Redis refuses (`redis://host/99` on a 16-database server) is one of them, after
+  // which ioredis carries on in database 0: the store refuses to, rather than mix records.
+  let refusedDatabase: Error | undefined;
+  if (ownsClient) {
+    client.on('error', (error: Error) => {
+      if (/DB index is out of range/.test(error.message)) {
+        refusedDatabase = new ConfigError(
+          `redisStore: Redis refuses the database ${new URL(options.url!).pathname.slice(1)} that \`url\` names (${error.message})`,
+        );
+      }
+    });
+  }
   // Without an offline queue, calls made before the first connection is up would fail.
   let everReady = !ownsClient || client.status === 'ready';
   if (!everReady) client.once('ready', () => (everReady = true));
   async function connected(): Promise<void> {
     if (!everReady) await firstReady(client, connectTimeoutMs);
+    if (refusedDatabase) throw refusedDatabase;
   }
   // The request path's commands (claim, complete, release, renew) go out in per-turn batches.
   const batchWrites = writesPerTurn(client);
