@@ -10,7 +10,7 @@ import {
   listen,
   memory,
   type Planned,
-  paced,
+  pacedStream,
   plan,
   postgres,
   type RunningApp,
@@ -41,17 +41,6 @@ function serveFetch(handler: FetchHandler, calls: Record<string, number>): Promi
   return listen(createServer(listener), calls);
 }
 
-function toStream(chunks: readonly Buffer[]): ReadableStream<Uint8Array> {
-  const source = paced(chunks);
-  return new ReadableStream({
-    async pull(controller) {
-      const next = await source.next();
-      if (next.done) controller.close();
-      else controller.enqueue(new Uint8Array(next.value));
-    },
-  });
-}
-
 /** The catalog's answer, written the Web-standard way. */
 function respond(planned: Exclude<Planned, { kind: 'fail' }>): Response {
   const init = { status: planned.status, headers: planned.headers };
@@ -65,7 +54,7 @@ function respond(planned: Exclude<Planned, { kind: 'fail' }>): Response {
     case 'empty':
       return new Response(null, init);
     case 'stream':
-      return new Response(toStream(planned.chunks), init);
+      return new Response(pacedStream(planned.chunks), init);
   }
 }
 

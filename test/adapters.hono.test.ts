@@ -17,7 +17,7 @@ import {
   describeAdapterConformance,
   listen,
   memory,
-  paced,
+  pacedStream,
   plan,
   type RunningApp,
   sqlite,
@@ -28,17 +28,6 @@ type Env = { Variables: IdempotencyVariables };
 
 function serveHono(app: Hono<Env>, calls: Record<string, number>): Promise<RunningApp> {
   return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls);
-}
-
-function toStream(chunks: readonly Buffer[]): ReadableStream<Uint8Array> {
-  const source = paced(chunks);
-  return new ReadableStream({
-    async pull(controller) {
-      const next = await source.next();
-      if (next.done) controller.close();
-      else controller.enqueue(new Uint8Array(next.value));
-    },
-  });
 }
 
 const honoAdapter: AdapterUnderTest = {
@@ -70,7 +59,7 @@ const honoAdapter: AdapterUnderTest = {
         case 'empty':
           return c.body(null, 204, planned.headers);
         case 'stream':
-          return c.body(toStream(planned.chunks), status, planned.headers);
+          return c.body(pacedStream(planned.chunks), status, planned.headers);
       }
     };
     app.on(['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], '/orders', handler);

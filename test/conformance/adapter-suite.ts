@@ -249,6 +249,18 @@ export async function* paced(chunks: readonly Buffer[]): AsyncGenerator<Buffer> 
   }
 }
 
+/** {@link paced} as a Web `ReadableStream`, for Web-standard handlers (Hono, fetch). */
+export function pacedStream(chunks: readonly Buffer[]): ReadableStream<Uint8Array> {
+  const source = paced(chunks);
+  return new ReadableStream({
+    async pull(controller) {
+      const next = await source.next();
+      if (next.done) controller.close();
+      else controller.enqueue(new Uint8Array(next.value));
+    },
+  });
+}
+
 /** Listens on an ephemeral loopback port; `close` also drops keep-alive connections. */
 export async function listen(server: Server, calls: Record<string, number>): Promise<RunningApp> {
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
