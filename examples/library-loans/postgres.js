@@ -106,8 +106,9 @@ export async function openPostgres({ url, schema, pooling = 'session', setup }) 
         if (!row.book) return { missing: 'isbn' };
         if (!row.member) return { missing: 'member' };
         if (row.loan) return { loan: row.loan };
-        const [{ lapsed, ...lent } = { lapsed: true }] = (await client.query({ ...lentSql, values: [intent] }))
-          .rows;
+        const [{ lapsed, ...lent } = { lapsed: true }] = (
+          await client.query({ ...lentSql, values: [intent] })
+        ).rows;
         if (!lapsed || attempt === 2) return { loan: lent };
         await client.query({ ...forgetSql, values: [intent] });
       }
