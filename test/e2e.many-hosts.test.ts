@@ -20,24 +20,28 @@ interface Engine {
   open(): Promise<{ env: Record<string, string>; close(): Promise<void> }>;
 }
 
+/** A pgbouncer of its own in transaction pooling mode, the desks in a schema of their own behind it. */
+async function behindPgBouncer(): ReturnType<Engine['open']> {
+  const bouncer = await startPgBouncer({ poolSize: 8 });
+  const schema = uniqueName('rs_hosts');
+  const url = new URL(bouncer.url);
+  url.searchParams.set('schema', schema);
+  url.searchParams.set('pooling', 'transaction');
+  return {
+    env: { DATABASE_URL: url.toString() },
+    async close() {
+      await bouncer.stop();
+      await dropSchemas(schema);
+    },
+  };
+}
+
+/** One row per engine the desk runs on: its keys and its loans there, in the desk's default mode. */
 const ENGINES: Engine[] = [
   {
-    name: 'PostgreSQL behind PgBouncer (transaction pooling, atomic mode)',
+    name: 'PostgreSQL behind PgBouncer, atomic mode',
     available: hasPostgres && hasPgBouncer,
-    async open() {
-      const bouncer = await startPgBouncer({ poolSize: 8 });
-      const schema = uniqueName('rs_hosts');
-      const url = new URL(bouncer.url);
-      url.searchParams.set('schema', schema);
-      url.searchParams.set('pooling', 'transaction');
-      return {
-        env: { DATABASE_URL: url.toString() },
-        async close() {
-          await bouncer.stop();
-          await dropSchemas(schema);
-        },
-      };
-    },
+    open: behindPgBouncer,
   },
 ];
 
