@@ -19,6 +19,10 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  * IDEMPOTENCY_ENCRYPTION_KEY base64 32-byte keys, comma-separated, current first: stored answers are
  *                            encrypted with the first and read with any (none: stored in clear)
  * PURGE_INTERVAL             how often expired keys are deleted (1m)
+ * PROVIDER_URL               the payment provider fines are charged at (http://127.0.0.1:8484)
+ * COMPLETER                  1 (default): finish fines whose client never came back, once their
+ *                            lease passed; 0: only a retry finishes them
+ * COMPLETER_INTERVAL         how often the completer looks for them (5s)
  * WORKERS                    processes sharing the port and the database (1)
  * SCOPE_SECRET               at least 16 characters keying the scope digests (HMAC-SHA-256 of
  *                            Authorization); unset, the desk makes one once and keeps it in its database
@@ -113,6 +117,12 @@ export function readConfig(env = process.env) {
     fail('SCOPE_SECRET', 'at least 16 characters');
   const adminLoopback = env.ADMIN_LOOPBACK || '0';
   if (adminLoopback !== '0' && adminLoopback !== '1') fail('ADMIN_LOOPBACK', '`1` or `0`');
+  const completer = env.COMPLETER || '1';
+  if (completer !== '0' && completer !== '1') fail('COMPLETER', '`1` or `0`');
+  const providerUrl = env.PROVIDER_URL || 'http://127.0.0.1:8484';
+  if (!URL.canParse(providerUrl) || !/^https?:$/.test(new URL(providerUrl).protocol)) {
+    fail('PROVIDER_URL', 'an http:// or https:// URL like http://127.0.0.1:8484');
+  }
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
 
@@ -128,6 +138,9 @@ export function readConfig(env = process.env) {
     waitMs: duration('IDEMPOTENCY_WAIT', '10s', 0),
     encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
+    providerUrl,
+    completer: completer === '1',
+    completerIntervalMs: duration('COMPLETER_INTERVAL', '5s'),
     workers: integer('WORKERS', 1, 1),
     scopeSecret: env.SCOPE_SECRET || undefined,
     adminToken: env.ADMIN_TOKEN || undefined,
