@@ -4,6 +4,7 @@ import type {
   IdempotencyContext,
   IncomingRequest,
   Outcome,
+  ResumedRequest,
 } from './adapter-contract.js';
 import { ResponseCollector } from './collector.js';
 import { deadlineGuard } from './deadline.js';
@@ -25,7 +26,8 @@ import {
 } from './responses.js';
 import { atomicRunner } from './run-atomic.js';
 import { leasedRunner } from './run-leased.js';
-import type { ClaimInput, IdempotencyStore } from './types.js';
+import { stepCodec } from './steps.js';
+import type { AbandonedRecord, ClaimInput, IdempotencyStore } from './types.js';
 
 // The engine's names, where adapters and tests have always imported them from.
 export type {
@@ -34,6 +36,7 @@ export type {
   IdempotencyContext,
   IncomingRequest,
   Outcome,
+  ResumedRequest,
 } from './adapter-contract.js';
 export { DEFAULT_REPLAY_HEADERS, defaultStoreStatus, type IdempotencyOptions } from './options.js';
 export { REPLAYED_HEADER } from './responses.js';
@@ -65,6 +68,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
 
   const runLeased = leasedRunner<Req, Tx>(config, emit, guard, events);
   const runAtomic = atomicRunner<Req, Tx>(config, emit, events);
+  const codec = stepCodec(config.cipher);
 
   async function handle(
     request: IncomingRequest<Req>,
@@ -157,7 +161,22 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         switch (result.outcome) {
           case 'acquired':
             waited(claim, waitingSinceMs, 'acquired');
-            return runLeased(claim, result.token, run, storeMs, claimedMs, request.acceptEncoding);
+            return runLeased(
+              claim,
+              result.token,
+              run,
+              storeMs,
+              claimedMs,
+              request.acceptEncoding,
+              result.steps,
+              () =>
+                codec.encodeRequest({
+                  method: request.method,
+                  path: request.path,
+                  contentType: request.contentType,
+                  body: body instanceof Uint8Array ? body : body.parsed,
+                }),
+            );
           case 'replay':
             waited(claim, waitingSinceMs, 'replayed');
             return replayOrError(result.response, claim, storeMs, request.acceptEncoding);
@@ -185,9 +204,56 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     }
   }
 
+  async function resume(
+    record: AbandonedRecord,
+    run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+  ): Promise<Outcome | undefined> {
+    let request: ResumedRequest;
+    try {
+      request = codec.decodeRequest(record.request, record.scope, record.key);
+    } catch {
+      return undefined;
+    }
+    const claim: ClaimInput = {
+      scope: record.scope,
+      key: record.key,
+      fingerprint: record.fingerprint,
+      leaseMs: config.leaseMs,
+      ttlMs: config.ttlMs,
+      timeoutMs: config.storeTimeoutMs,
+    };
+    const startMs = performance.now();
+    const result = await guard(store.claim(claim), startMs);
+    const claimedMs = performance.now();
+    switch (result.outcome) {
+      case 'acquired':
+        if (emit) {
+          const { key, scope } = claim;
+          emit({ type: 'resumed', key, scope, finishedSteps: result.steps?.length ?? 0 });
+        }
+        return runLeased(
+          claim,
+          result.token,
+          (ctx) => run(ctx, request),
+          claimedMs - startMs,
+          claimedMs,
+          undefined,
+          result.steps,
+          undefined,
+        );
+      case 'replay':
+        return replayOrError(result.response, claim, claimedMs - startMs, undefined);
+      case 'mismatch':
+        return conflictOf(claim, claimedMs - startMs);
+      case 'in_progress':
+        return { kind: 'rejected', error: inProgress(claim.key, result.retryAfterMs) };
+    }
+  }
+
   return {
     mode,
     keyHeader: config.keyHeader,
+    resume,
     maxBodyBytes: config.maxBodyBytes,
     maxResponseBytes: config.maxResponseBytes,
     handle,

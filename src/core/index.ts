@@ -1,4 +1,10 @@
 export type { CollectorState, HeaderReader, ResponseCollector } from './collector.js';
+export {
+  type CompleterOptions,
+  resumeAbandoned,
+  type StartCompleterOptions,
+  startCompleter,
+} from './completer.js';
 export type { EncryptionKey } from './crypto.js';
 export { type Duration, parseDuration } from './duration.js';
 export {
@@ -12,8 +18,17 @@ export {
   type IncomingRequest,
   type Outcome,
   REPLAYED_HEADER,
+  type ResumedRequest,
 } from './engine.js';
-export { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError, RetrysafeError } from './errors.js';
+export {
+  ConfigError,
+  ErrorCode,
+  IdempotencyError,
+  isIdempotencyError,
+  isStepFenced,
+  RetrysafeError,
+  StepFencedError,
+} from './errors.js';
 export type {
   ConflictEvent,
   ExecutedEvent,
@@ -26,6 +41,9 @@ export type {
   RejectedEvent,
   ReleasedEvent,
   ReplayedEvent,
+  ResumedEvent,
+  StepReplayedEvent,
+  StepSavedEvent,
   StoreErrorEvent,
   WaitedEvent,
 } from './events.js';
@@ -41,6 +59,8 @@ export {
 export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
 export { credentialScope } from './scope.js';
 export {
+  type AbandonedOptions,
+  type AbandonedRecord,
   type AtomicResult,
   type AtomicStore,
   type AtomicWorkResult,
@@ -48,11 +68,14 @@ export {
   type ClaimResult,
   type IdempotencyStore,
   isAtomicStore,
+  isPhaseStore,
   type KeyPage,
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
+  type PhaseStore,
   type Register,
   type RegisteredTx,
+  type SavedStep,
   type StoredResponse,
 } from './types.js';

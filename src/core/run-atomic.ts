@@ -1,7 +1,7 @@
 import type { CapturedResponse, IdempotencyContext, Outcome } from './adapter-contract.js';
 import type { EngineEvents } from './engine-events.js';
 import type { IdempotencyEventListener } from './events.js';
-import { handlerContext } from './handler-context.js';
+import { atomicSteps, handlerContext } from './handler-context.js';
 import type { ResolvedOptions } from './resolve-options.js';
 import { responseTooLarge, storeDown, toStored } from './responses.js';
 import type { AtomicStore, ClaimInput } from './types.js';
@@ -34,7 +34,7 @@ export function atomicRunner<Req, Tx>(
       const result = await (store as AtomicStore<Tx>).atomic(claim, async (tx) => {
         const handlerStartMs = emit ? performance.now() : 0;
         try {
-          captured = await run(handlerContext(claim, tx));
+          captured = await run(handlerContext(claim, tx, atomicSteps(tx)));
         } catch (error) {
           handlerFailed = true;
           handlerError = error;

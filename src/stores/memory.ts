@@ -2,15 +2,19 @@ import { RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
 import { timerMs } from '../core/timer.js';
 import type {
+  AbandonedOptions,
+  AbandonedRecord,
   ClaimInput,
   ClaimResult,
   IdempotencyStore,
   KeyPage,
   KeyRecordSummary,
   ListKeysOptions,
+  SavedStep,
   StoredResponse,
 } from '../core/types.js';
 import {
+  abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
   expiresAtMs,
   keysetPage,
@@ -56,6 +60,10 @@ interface MemoryRecord {
   expiresAtMs: number;
   /** Absent while in progress. */
   response?: StoredResponse;
+  /** The operation's finished steps, in saving order. */
+  steps: SavedStep[];
+  /** Saved with the first step, for the completer. */
+  request?: string;
 }
 
 /**
@@ -143,7 +151,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       existing.createdAtMs = nowMs;
       existing.leaseUntilMs = nowMs + input.leaseMs;
       existing.expiresAtMs = expiresAtMs(nowMs, input.leaseMs, input.ttlMs);
-      return { outcome: 'acquired', token: existing.token };
+      return { outcome: 'acquired', token: existing.token, steps: [...existing.steps] };
     }
     makeRoom(nowMs);
     const token = newToken();
@@ -155,6 +163,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       token,
       leaseUntilMs: nowMs + input.leaseMs,
       expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+      steps: [],
     });
     return { outcome: 'acquired', token };
   }
@@ -172,6 +181,36 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     completed.add(id);
     waiters.wake(id);
     return true;
+  }
+
+  async function saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string) {
+    const record = owned(recordId(scope, key), token);
+    if (!record) return false;
+    record.steps.push({ name: step.name, value: step.value });
+    if (request !== undefined) record.request = request;
+    return true;
+  }
+
+  async function abandoned(options: AbandonedOptions = {}): Promise<AbandonedRecord[]> {
+    const limit = abandonedLimit('memoryStore.abandoned', options);
+    const nowMs = Date.now();
+    return [...records.values()]
+      .filter(
+        (record): record is MemoryRecord & { request: string } =>
+          !record.response &&
+          record.request !== undefined &&
+          record.leaseUntilMs <= nowMs &&
+          record.expiresAtMs > nowMs,
+      )
+      .sort((a, b) => a.leaseUntilMs - b.leaseUntilMs)
+      .slice(0, limit)
+      .map(({ scope, key, fingerprint, request, leaseUntilMs }) => ({
+        scope,
+        key,
+        fingerprint,
+        request,
+        leaseUntilMs,
+      }));
   }
 
   async function release(scope: string, key: string, token: string) {
@@ -224,6 +263,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       createdAtMs: record.createdAtMs,
       expiresAtMs: record.expiresAtMs,
       leaseUntilMs: record.response ? null : record.leaseUntilMs,
+      ...(record.steps.length > 0 && { steps: record.steps.map((step) => step.name) }),
     };
   }
 
@@ -273,6 +313,8 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     claim,
     complete,
     release,
+    saveStep,
+    abandoned,
     renew,
     wait,
     purgeExpired,
