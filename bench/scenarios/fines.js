@@ -54,12 +54,17 @@ export async function run(ctx) {
     const { desk, floor } = measured;
     const ratio = desk && floor ? desk.rps / floor.rps : Number.NaN;
     const row = (label, m) =>
-      m ? [label, Math.round(m.rps), round2(m.p50Ms), round2(m.p99Ms), `${m.non2xx}/${m.errors}`] : [label, 'unavailable'];
+      m
+        ? [label, Math.round(m.rps), round2(m.p50Ms), round2(m.p99Ms), `${m.non2xx}/${m.errors}`]
+        : [label, 'unavailable'];
     return {
       title: 'Fines: POST /fines (record, charge at the provider, mark paid) with retrysafe steps ÷ by hand',
       table: {
         columns: ['contender', 'req/s', 'p50 ms', 'p99 ms', 'non-2xx/errors'],
-        rows: [row('loan desk, retrysafe steps (SQLite)', desk), row('hand-written, same guarantee (SQLite)', floor)],
+        rows: [
+          row('loan desk, retrysafe steps (SQLite)', desk),
+          row('hand-written, same guarantee (SQLite)', floor),
+        ],
       },
       notes: [
         `Body ${JSON.stringify(FINE)}, a fresh key per request, ${ctx.rounds} rounds interleaved. Each contender charges at a payment provider process of its own.`,

@@ -7,8 +7,8 @@
 import { createHash, randomUUID } from 'node:crypto';
 import http from 'node:http';
 import Database from 'better-sqlite3';
-import { parseFine } from '../../examples/library-loans/fines.js';
 import { MEMBERS } from '../../examples/library-loans/catalog.js';
+import { parseFine } from '../../examples/library-loans/fines.js';
 
 const TTL_MS = 24 * 3600 * 1000;
 const LEASE_MS = 10_000;
@@ -61,11 +61,13 @@ const claim = db.transaction((key, fp) => {
 /** Phase 1: the pending fine, with the recovery point, in one transaction; fenced by the token. */
 const record = db.transaction((key, token, fine) => {
   const made = insertFine.get(fine.member, fine.amount);
-  if (advance.run('recorded', JSON.stringify(made), null, null, key, token).changes === 0) throw new Error('fenced');
+  if (advance.run('recorded', JSON.stringify(made), null, null, key, token).changes === 0)
+    throw new Error('fenced');
   return made;
 }).immediate;
 const saveCharge = db.transaction((key, token, charge) => {
-  if (advance.run('charged', null, JSON.stringify(charge), null, key, token).changes === 0) throw new Error('fenced');
+  if (advance.run('charged', null, JSON.stringify(charge), null, key, token).changes === 0)
+    throw new Error('fenced');
 }).immediate;
 /** Phase 3: the fine paid and the response stored, in one transaction. */
 const pay = db.transaction((key, token, fineId, chargeId) => {
@@ -121,7 +123,9 @@ const server = http.createServer((req, res) => {
   req.on('data', (chunk) => chunks.push(chunk));
   req.on('end', () => {
     if (req.method !== 'POST' || req.url !== '/fines') return send(res, 404, '{"error":"path_not_found"}');
-    createFine(req, res, Buffer.concat(chunks)).catch((error) => send(res, 500, JSON.stringify(error.message)));
+    createFine(req, res, Buffer.concat(chunks)).catch((error) =>
+      send(res, 500, JSON.stringify(error.message)),
+    );
   });
 });
 server.listen(0, '127.0.0.1', () => process.send?.({ ready: server.address().port }));

@@ -181,14 +181,14 @@ export async function startLoanDesk(config, { setup }) {
   purge.unref();
   // Fines whose client never came back (the desk died mid-way) are finished here, by whichever
   // desk process claims them first.
-  const completer =
-    config.completer &&
-    startCompleter({
-      store,
-      resume: desk.resumeFine,
-      interval: config.completerIntervalMs,
-      onError: (error) => ops.logger.error({ err: error }, 'completer pass failed'),
-    });
+  const completer = config.completer
+    ? startCompleter({
+        store,
+        resume: desk.resumeFine,
+        interval: config.completerIntervalMs,
+        onError: (error) => ops.logger.error({ err: error }, 'completer pass failed'),
+      })
+    : undefined;
   const { port } = server.address();
   return {
     url: deskUrl(config.host, port),
