@@ -1,5 +1,6 @@
 import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readConfig } from '../examples/library-loans/config.js';
 import {
   chargesFor,
   FINE_DATABASES,
@@ -171,5 +172,28 @@ describe('fines while the payment provider is down', () => {
     } finally {
       await provider.close();
     }
+  });
+});
+
+describe('the fine settings', () => {
+  it('default to the provider on 127.0.0.1:8484 and the completer on, every 5 s', () => {
+    expect(readConfig({})).toMatchObject({
+      providerUrl: 'http://127.0.0.1:8484',
+      completer: true,
+      completerIntervalMs: 5000,
+    });
+    expect(readConfig({ COMPLETER: '0', COMPLETER_INTERVAL: '250ms' })).toMatchObject({
+      completer: false,
+      completerIntervalMs: 250,
+    });
+  });
+
+  it.each([
+    ['PROVIDER_URL', 'ftp://127.0.0.1:8484'],
+    ['PROVIDER_URL', 'not a url'],
+    ['COMPLETER', 'yes'],
+    ['COMPLETER_INTERVAL', 'soon'],
+  ])('%s=%j stops the start naming the variable', (name, value) => {
+    expect(() => readConfig({ [name]: value })).toThrow(new RegExp(`^${name}=`));
   });
 });
