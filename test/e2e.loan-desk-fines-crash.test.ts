@@ -68,7 +68,7 @@ describe.each(FINE_DATABASES)('a fine whose desk died, on $name', (database) => 
   it.each(STEPS)(
     'killed after %s, restarted, the same request resent: 201 paid, the same body on every retry, one fine, one charge',
     async (point) => {
-      const env = { DATABASE_URL: database.url(), COMPLETER: '0', ADMIN_LOOPBACK: '1', ...FAST };
+      const env = { ...database.env(), COMPLETER: '0', ADMIN_LOOPBACK: '1', ...FAST };
       const key = `crash-${point}`;
       await crashAfter(await start(env), point, key);
       const desk = await start(env);
@@ -95,7 +95,7 @@ describe.each(FINE_DATABASES)('a fine whose desk died, on $name', (database) => 
   );
 
   it('killed after charged, no retry: the completer pays it (once), and a late retry replays its answer', async () => {
-    const env = { DATABASE_URL: database.url(), ...FAST };
+    const env = { ...database.env(), ...FAST };
     await crashAfter(await start(env), 'charged', 'completer-1');
     const desk = await start(env);
     await vi.waitFor(async () => expect((await listFines(desk.baseUrl))[0]?.status).toBe('paid'), {
@@ -112,7 +112,7 @@ describe.each(FINE_DATABASES)('a fine whose desk died, on $name', (database) => 
   });
 
   it('two desks running the completer on one database: the fine is finished by one of them, once', async () => {
-    const env = { DATABASE_URL: database.url(), ...FAST };
+    const env = { ...database.env(), ...FAST };
     await crashAfter(await start(env), 'charged', 'completer-2');
     const [one, two] = await Promise.all([start(env), start(env)]);
     await vi.waitFor(async () => expect((await listFines(one!.baseUrl))[0]?.status).toBe('paid'), {

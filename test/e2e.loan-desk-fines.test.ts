@@ -28,7 +28,7 @@ describe.each(FINE_DATABASES)('fines on $name', (database) => {
   beforeAll(async () => {
     provider = await startPaymentProvider();
     desk = await startLoanDesk({
-      env: { DATABASE_URL: database.url(), PROVIDER_URL: provider.url, COMPLETER: '0' },
+      env: { ...database.env(), PROVIDER_URL: provider.url, COMPLETER: '0' },
     });
   });
   afterAll(async () => {

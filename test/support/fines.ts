@@ -1,6 +1,7 @@
+import { Redis } from 'ioredis';
 import { startProvider } from '../../examples/payment-provider/provider.js';
 import { tempDatabaseUrl } from './loan-desk.js';
-import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './services.js';
+import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './services.js';
 
 export interface Provider {
   url: string;
@@ -54,26 +55,52 @@ export async function listFines(baseUrl: string): Promise<any[]> {
   return (await fetch(`${baseUrl}/fines`)).json();
 }
 
-/** A desk database for the fine tests: a new SQLite file, or a new PostgreSQL schema dropped by `cleanup`. */
+/**
+ * Where a desk of the fine tests keeps its data and keys: a new SQLite file, a new PostgreSQL
+ * schema, or a SQLite file with the keys in Redis (the fines then run as plain steps, no phases)
+ * under a new prefix; `cleanup` drops the schemas and the Redis keys made.
+ */
 export interface FineDatabase {
   name: string;
   skip: boolean;
-  /** A new database each call. */
-  url(): string;
+  /** The desk's `DATABASE_URL` (and `IDEMPOTENCY_STORE`) for a new database, each call. */
+  env(): Record<string, string>;
   cleanup(): Promise<void>;
 }
 
 const schemas: string[] = [];
+const prefixes: string[] = [];
 export const FINE_DATABASES: FineDatabase[] = [
-  { name: 'SQLite', skip: false, url: () => tempDatabaseUrl(), cleanup: async () => {} },
+  { name: 'SQLite', skip: false, env: () => ({ DATABASE_URL: tempDatabaseUrl() }), cleanup: async () => {} },
   {
     name: 'PostgreSQL',
     skip: !hasPostgres,
-    url: () => {
+    env: () => {
       const schema = uniqueName('rs_fines');
       schemas.push(schema);
-      return `${PG_URL}?schema=${schema}`;
+      return { DATABASE_URL: `${PG_URL}?schema=${schema}` };
     },
     cleanup: () => dropSchemas(...schemas.splice(0)),
+  },
+  {
+    name: 'SQLite with keys in Redis',
+    skip: !hasRedis,
+    env: () => {
+      const prefix = `${uniqueName('rs_fines')}:`;
+      prefixes.push(prefix);
+      return { DATABASE_URL: tempDatabaseUrl(), IDEMPOTENCY_STORE: `${REDIS_URL}?prefix=${prefix}` };
+    },
+    async cleanup() {
+      const redis = new Redis(REDIS_URL);
+      try {
+        for (const prefix of prefixes.splice(0)) {
+          for await (const keys of redis.scanStream({ match: `${prefix}*`, count: 500 })) {
+            if (keys.length) await redis.del(...keys);
+          }
+        }
+      } finally {
+        redis.disconnect();
+      }
+    },
   },
 ];
