@@ -1,5 +1,5 @@
 import http from 'node:http';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { readConfig } from '../examples/library-loans/config.js';
 import {
   chargesFor,
@@ -171,6 +171,36 @@ describe('fines while the payment provider is down', () => {
       expect(await chargesFor(provider, paid.body.id)).toHaveLength(1);
     } finally {
       await provider.close();
+    }
+  });
+});
+
+describe('fines while the payment provider is down, the completer on', () => {
+  it('the 503 fine is paid once the provider is back, with no retry; the late retry replays it', async () => {
+    const port = await freePort();
+    const desk = await startLoanDesk({
+      env: { PROVIDER_URL: `http://127.0.0.1:${port}`, COMPLETER_INTERVAL: '250ms' },
+    });
+    try {
+      const fine = { member: 'U-1008', amount: 900 };
+      expect((await postFine(desk.baseUrl, fine, 'fine-outage-completer')).status).toBe(503);
+      expect(await listFines(desk.baseUrl)).toEqual([expect.objectContaining({ status: 'pending' })]);
+      const provider = await startPaymentProvider(port);
+      try {
+        await vi.waitFor(async () => expect((await listFines(desk.baseUrl))[0].status).toBe('paid'), {
+          timeout: 10_000,
+          interval: 100,
+        });
+        const [paid] = await listFines(desk.baseUrl);
+        expect(await chargesFor(provider, paid.id)).toHaveLength(1);
+        const late = await postFine(desk.baseUrl, fine, 'fine-outage-completer');
+        expect(late.headers.get('idempotency-replayed')).toBe('true');
+        expect(late.body).toEqual(paid);
+      } finally {
+        await provider.close();
+      }
+    } finally {
+      expect(await desk.stop()).toBe(0);
     }
   });
 });
