@@ -31,7 +31,9 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            (never a request with X-Forwarded-For, Forwarded or Via); 0 (default).
  *                            Neither set: the admin API is closed
  * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
- *                            marks); 0 (default): the mark is ignored
+ *                            marks), and POST /fines with `Demo-Crash-After: recorded|charged|paid`
+ *                            kills the desk (SIGKILL) right after that step is saved; 0 (default):
+ *                            both are ignored
  * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,
  *                            info (default), debug (one line per idempotency event), trace, silent
  */
