@@ -110,6 +110,14 @@ describe.each(FINE_DATABASES)('fines on $name', (database) => {
     expect(fixed.status).toBe(201);
   });
 
+  it('without DEMO_FAULTS=1 the Demo-Crash-After header is ignored', async () => {
+    const answer = await postFine(desk.baseUrl, { member: 'U-1009', amount: 10 }, 'fine-no-crash', {
+      'demo-crash-after': 'recorded',
+    });
+    expect(answer.status).toBe(201);
+    expect((await fetch(`${desk.baseUrl}/fines/${answer.body.id}`)).status).toBe(200);
+  });
+
   it('a body that is not JSON is 400, one not declared JSON 415', async () => {
     expect((await postFine(desk.baseUrl, '{"member":', 'fine-bad-json')).body.error).toBe('invalid_json');
     const form = await fetch(`${desk.baseUrl}/fines`, {
