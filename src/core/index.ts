@@ -1,34 +1,3 @@
-export type { CollectorState, HeaderReader, ResponseCollector } from './collector.js';
-export {
-  type CompleterOptions,
-  resumeAbandoned,
-  type StartCompleterOptions,
-  startCompleter,
-} from './completer.js';
-export type { EncryptionKey } from './crypto.js';
-export { type Duration, parseDuration } from './duration.js';
-export {
-  type CapturedResponse,
-  createIdempotency,
-  DEFAULT_REPLAY_HEADERS,
-  defaultStoreStatus,
-  type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  type IncomingRequest,
-  type Outcome,
-  REPLAYED_HEADER,
-  type ResumedRequest,
-} from './engine.js';
-export {
-  ConfigError,
-  ErrorCode,
-  IdempotencyError,
-  isIdempotencyError,
-  isStepFenced,
-  RetrysafeError,
-  StepFencedError,
-} from './errors.js';
 export type {
   ConflictEvent,
   ExecutedEvent,
@@ -46,18 +15,7 @@ export type {
   StepSavedEvent,
   StoreErrorEvent,
   WaitedEvent,
-} from './events.js';
-export { eventDetail } from './events.js';
-export {
-  type FingerprintBody,
-  type FingerprintInput,
-  fingerprint,
-  type ParsedBody,
-  parsedBody,
-  type RequestBody,
-} from './fingerprint.js';
-export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
-export { credentialScope } from './scope.js';
+} from './contract/index.js';
 export {
   type AbandonedOptions,
   type AbandonedRecord,
@@ -66,9 +24,15 @@ export {
   type AtomicWorkResult,
   type ClaimInput,
   type ClaimResult,
+  ConfigError,
+  ErrorCode,
+  eventDetail,
+  IdempotencyError,
   type IdempotencyStore,
   isAtomicStore,
+  isIdempotencyError,
   isPhaseStore,
+  isStepFenced,
   type KeyPage,
   type KeyRecordSummary,
   type ListKeysOptions,
@@ -76,6 +40,47 @@ export {
   type PhaseStore,
   type Register,
   type RegisteredTx,
+  RetrysafeError,
   type SavedStep,
+  StepFencedError,
   type StoredResponse,
-} from './types.js';
+} from './contract/index.js';
+export {
+  type CompleterOptions,
+  createIdempotency,
+  type Idempotency,
+  type IdempotencyContext,
+  type Outcome,
+  type ResumedRequest,
+  resumeAbandoned,
+  type StartCompleterOptions,
+  startCompleter,
+} from './engine/index.js';
+export {
+  DEFAULT_REPLAY_HEADERS,
+  type Duration,
+  defaultStoreStatus,
+  type IdempotencyOptions,
+  parseDuration,
+  REPLAYED_HEADER,
+} from './options/index.js';
+export {
+  credentialScope,
+  type FingerprintBody,
+  type FingerprintInput,
+  fingerprint,
+  type IncomingRequest,
+  type KeyBounds,
+  type ParsedBody,
+  type ParsedKey,
+  parsedBody,
+  parseIdempotencyKey,
+  type RequestBody,
+} from './request/index.js';
+export type {
+  CapturedResponse,
+  CollectorState,
+  EncryptionKey,
+  HeaderReader,
+  ResponseCollector,
+} from './response/index.js';

@@ -1,6 +1,3 @@
-import { RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
 import type {
   AbandonedOptions,
   AbandonedRecord,
@@ -12,7 +9,9 @@ import type {
   ListKeysOptions,
   SavedStep,
   StoredResponse,
-} from '../core/types.js';
+} from '../core/contract/index.js';
+import { RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,

@@ -1,7 +1,4 @@
 import { Redis } from 'ioredis';
-import { ConfigError, RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
 import type {
   AbandonedRecord,
   ClaimResult,
@@ -9,7 +6,9 @@ import type {
   KeyRecordSummary,
   SavedStep,
   StoredResponse,
-} from '../core/types.js';
+} from '../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,

@@ -1,6 +1,5 @@
-import { type Duration, toMs } from './duration.js';
-import { timerMs } from './timer.js';
-import type { AbandonedRecord, IdempotencyStore } from './types.js';
+import type { AbandonedRecord, IdempotencyStore } from '../contract/index.js';
+import { type Duration, timerMs, toMs } from '../options/index.js';
 
 /** Options of {@link resumeAbandoned} and {@link startCompleter}. */
 export interface CompleterOptions {

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
+import type { ClaimInput } from '../contract/index.js';
 import type { IdempotencyContext } from './adapter-contract.js';
-import type { ClaimInput } from './types.js';
 
 /** How a context runs steps: lease mode saves each one (`leasedSteps`); atomic mode commits all at once. */
 export type StepMethods<Tx> = Pick<IdempotencyContext<Tx>, 'step' | 'phase'>;

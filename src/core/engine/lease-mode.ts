@@ -1,14 +1,21 @@
-import type { CapturedResponse, IdempotencyContext, Outcome } from './adapter-contract.js';
+import type {
+  ClaimInput,
+  ClaimResult,
+  IdempotencyEventListener,
+  ReleasedEvent,
+  SavedStep,
+  StoredResponse,
+} from '../contract/index.js';
+import { isStepFenced } from '../contract/index.js';
+import type { ResolvedOptions } from '../options/index.js';
+import type { CapturedResponse } from '../response/index.js';
+import { inProgress, toStored } from '../response/index.js';
+import type { IdempotencyContext, Outcome } from './adapter-contract.js';
 import type { deadlineGuard } from './deadline.js';
-import type { EngineEvents } from './engine-events.js';
-import { isStepFenced } from './errors.js';
-import type { IdempotencyEventListener, ReleasedEvent } from './events.js';
 import { handlerContext } from './handler-context.js';
-import { leaseKeeper } from './lease.js';
-import type { ResolvedOptions } from './resolve-options.js';
-import { inProgress, toStored } from './responses.js';
+import { leaseKeeper } from './lease-keeper.js';
+import type { EngineEvents } from './outcomes.js';
 import { leasedSteps, stepCodec } from './steps.js';
-import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from './types.js';
 
 /**
  * Lease mode's step once the key is claimed: runs the handler while its lease is renewed, then

@@ -1,9 +1,15 @@
+import {
+  type ClaimInput,
+  ConfigError,
+  type IdempotencyEventListener,
+  type IdempotencyStore,
+  isPhaseStore,
+  type SavedStep,
+  StepFencedError,
+} from '../contract/index.js';
+import type { BodyCipher } from '../response/index.js';
 import type { ResumedRequest } from './adapter-contract.js';
-import type { BodyCipher } from './crypto.js';
 import type { deadlineGuard } from './deadline.js';
-import { ConfigError, StepFencedError } from './errors.js';
-import type { IdempotencyEventListener } from './events.js';
-import { type ClaimInput, type IdempotencyStore, isPhaseStore, type SavedStep } from './types.js';
 
 /** What marks a value sealed with `encryptionKey`; anything else is JSON text. */
 const SEALED = 'sealed:';
