@@ -153,8 +153,8 @@ export type IdempotencyEventType = IdempotencyEvent['type'];
 
 /**
  * What an event is counted by besides its type, for metrics: why it was released or rejected
- * (`reason`), how a wait ended (`result`), which store call failed (`operation`), which step was
- * fenced (`step`); `undefined` for the other types.
+ * (`reason`), how a wait ended (`result`), which store call failed (`operation`), which call was
+ * fenced or which step was saved or replayed (`step`); `undefined` for the other types.
  * @example
  * onEvent: (event) => outcomes.inc({ outcome: event.type, reason: eventDetail(event)?.value ?? '' })
  */
@@ -171,6 +171,9 @@ export function eventDetail(
       return { name: 'operation', value: event.operation };
     case 'fenced':
       return { name: 'step', value: event.step };
+    case 'step_saved':
+    case 'step_replayed':
+      return { name: 'step', value: event.name };
     default:
       return undefined;
   }
