@@ -171,6 +171,30 @@ describe('steps (lease mode, memory store)', () => {
     expect(runs).toEqual({ recorded: 1, charged: 1, paid: 1 });
   });
 
+  it('ends the lease after a renewal still on its way, which would otherwise hold the key another lease', async () => {
+    const base = memoryStore();
+    // Renewals take 100 ms to reach the store; ending the lease (1 ms) does not.
+    const store: IdempotencyStore = {
+      ...base,
+      renew: async (scope, key, token, leaseMs) => {
+        if (leaseMs > 1) await sleep(100);
+        return base.renew(scope, key, token, leaseMs);
+      },
+    };
+    const engine = engineOn(store, { lease: 300 });
+    const key = randomUUID();
+    await expect(
+      engine.handle(postRequest(key), async (idem) => {
+        await idem.step('recorded', () => 1);
+        await sleep(130); // the first renewal (due at 100 ms) is on its way
+        throw new Error('provider down');
+      }),
+    ).rejects.toThrow();
+    await sleep(150);
+    const record = await base.get('', key);
+    expect(record!.leaseUntilMs!).toBeLessThanOrEqual(Date.now());
+  });
+
   it('with encryptionKey, step results and the saved request are sealed at rest', async () => {
     const store = memoryStore();
     const engine = engineOn(store, { encryptionKey: randomBytes(32) });

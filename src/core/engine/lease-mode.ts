@@ -45,7 +45,10 @@ export function leasedRunner<Req, Tx>(
     status: number | undefined,
     handlerMs: number,
     storeMs: number,
+    renewing: Promise<void> | undefined,
   ): Promise<void> {
+    // A renewal landing after the lease was ended would hold the key for another lease.
+    if (keepSteps && renewing) await renewing;
     const startMs = performance.now();
     let released: boolean | undefined;
     try {
@@ -79,7 +82,7 @@ export function leasedRunner<Req, Tx>(
     try {
       response = await run(handlerContext<Tx>(claim, undefined, steps));
     } catch (error) {
-      leases.drop(lease);
+      const renewing = leases.drop(lease);
       // A step's save was refused: the request that took the key over answers for it.
       if (isStepFenced(error)) return { kind: 'rejected', error: inProgress(claim.key, leaseMs) };
       // The handler failed: free the key so the client's retry runs again, then let the
@@ -92,10 +95,11 @@ export function leasedRunner<Req, Tx>(
         undefined,
         emit ? performance.now() - startMs : 0,
         storeMs,
+        renewing,
       );
       throw error;
     }
-    leases.drop(lease);
+    const renewing = leases.drop(lease);
     const handlerEndMs = performance.now();
     const handlerMs = handlerEndMs - startMs;
     if (response.complete && storeStatus(response.status)) {
@@ -116,7 +120,7 @@ export function leasedRunner<Req, Tx>(
       }
     } else {
       const reason = response.complete ? 'not_stored' : 'response_too_large';
-      await release(claim, token, steps.hasFinished(), reason, response.status, handlerMs, storeMs);
+      await release(claim, token, steps.hasFinished(), reason, response.status, handlerMs, storeMs, renewing);
     }
     return { kind: 'executed', response };
   }
