@@ -233,7 +233,9 @@ async function keys(target: Target, action: string, key: string | undefined, arg
     if (args.json) console.log(JSON.stringify(record, null, 2));
     else {
       const values = cells(record);
-      console.log(table(COLUMNS.map((name, i) => [name, values[i]!])));
+      // The finished steps by name (their results may be sensitive and are not shown).
+      const steps = record.steps?.join(', ') ?? '-';
+      console.log(table([...COLUMNS.map((name, i) => [name, values[i]!]), ['steps', steps]]));
     }
     return;
   }

@@ -1,6 +1,8 @@
 import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
+import { chargesFor, startPaymentProvider } from './support/fines.js';
+import { tempDatabaseUrl } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 // The PostgreSQL floors of the bench (bench/servers/floor.js) are what "close to the limit" means
@@ -51,6 +53,39 @@ describe.skipIf(!hasPostgres).each(['postgres', 'postgres-3rt'])('bench floor FL
       expect((await admin.query(`SELECT count(*)::int AS n FROM "${schema}".loan`)).rows[0].n).toBe(1);
     } finally {
       await admin.end();
+    }
+  });
+});
+
+// The fines floor (bench/servers/fines-floor.js) stands for "the same guarantee by hand" in the
+// fines scenario: one fine and one charge per key, every retry the same answer, 409 for another body.
+describe('bench fines floor', () => {
+  it('pays once per key: duplicates get the first answer or 409, one fine, one charge', async () => {
+    const { startServer } = await import('../bench/lib/proc.js');
+    const provider = await startPaymentProvider();
+    const floor = await startServer(join(import.meta.dirname, '..', 'bench', 'servers', 'fines-floor.js'), {
+      env: { DATABASE_URL: tempDatabaseUrl('fines-floor'), PROVIDER_URL: provider.url },
+    });
+    try {
+      const post = async (body: object) => {
+        const response = await fetch(`${floor.url}/fines`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', 'idempotency-key': 'floor-fine-1' },
+          body: JSON.stringify(body),
+        });
+        return { status: response.status, body: await response.text() };
+      };
+      const fine = { member: 'U-1001', amount: 500 };
+      const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post(fine)));
+      const paid = answers.filter((answer) => answer.status === 201);
+      expect(paid.length + answers.filter((answer) => answer.status === 409).length).toBe(DUPLICATES);
+      expect(new Set(paid.map((answer) => answer.body)).size).toBe(1);
+      const { id } = JSON.parse((await post(fine)).body);
+      expect(await chargesFor(provider, id)).toHaveLength(1);
+      expect((await post({ ...fine, amount: 501 })).status).toBe(409);
+    } finally {
+      await floor.stop();
+      await provider.close();
     }
   });
 });

@@ -286,7 +286,10 @@ describe('retrysafe CLI', () => {
   });
 });
 
-/** Seeds a store with one completed and one in-progress record in scope `tenant`, one in `other`. */
+/**
+ * Seeds a store with one completed and one in-progress record (two finished steps) in scope
+ * `tenant`, one in `other`.
+ */
 async function seed(store: IdempotencyStore): Promise<void> {
   const claim = (scope: string, key: string) =>
     store.claim({ scope, key, fingerprint: 'f', leaseMs: 60_000, ttlMs: 600_000 });
@@ -297,7 +300,17 @@ async function seed(store: IdempotencyStore): Promise<void> {
     headers: {},
     body: new TextEncoder().encode('secret body'),
   });
-  await claim('tenant', 'order-2');
+  const running = await claim('tenant', 'order-2');
+  if (running.outcome !== 'acquired') throw new Error(running.outcome);
+  for (const name of ['recorded', 'charged']) {
+    await store.saveStep(
+      'tenant',
+      'order-2',
+      running.token,
+      { name, value: '"secret step"' },
+      'secret request',
+    );
+  }
   await claim('other', 'order-1');
 }
 
@@ -372,6 +385,15 @@ function describeKeysCommands(
     const missing = await cli('keys', 'show', 'order-9', '--scope', 'tenant', ...args);
     expect(missing.code).toBe(1);
     expect(missing.stderr).toContain('"order-9" in scope "tenant"');
+    // Finished steps by name; never their results or the saved request.
+    const running = await cli('keys', 'show', 'order-2', '--scope', 'tenant', ...args);
+    expect(running.stdout).toMatch(/^steps\s+recorded, charged$/m);
+    expect(running.stdout).not.toContain('secret');
+    const runningJson = JSON.parse(
+      (await cli('keys', 'show', 'order-2', '--scope', 'tenant', ...args, '--json')).stdout,
+    );
+    expect(runningJson.steps).toEqual(['recorded', 'charged']);
+    expect(table.stdout).toMatch(/^steps\s+-$/m);
     // The default scope is "", where a service's keys rarely are: say so, and how to find them.
     const unscoped = await cli('keys', 'show', 'order-1', ...args);
     expect(unscoped.code).toBe(1);

@@ -128,6 +128,31 @@ describe('retrysafe/otel', () => {
     expect(JSON.stringify([span!.attributes, span!.events])).not.toContain('tenant-secret-scope');
   });
 
+  it('counts steps by name and marks them as span events, leaving the outcome to the request', async () => {
+    sdk.tracer.startActiveSpan('POST /fines', (span: Span) => {
+      listener({ type: 'resumed', ...base, finishedSteps: 1 });
+      listener({ type: 'step_replayed', ...base, name: 'recorded' });
+      listener({ type: 'step_saved', ...base, name: 'charged', phase: false, stepMs: 3 });
+      listener(EVENTS[0]!);
+      span.end();
+    });
+    const [span] = sdk.spans.getFinishedSpans();
+    expect(span!.attributes).toEqual({ 'idempotency.outcome': 'executed', 'idempotency.key': 'order-1' });
+    expect(span!.events.map((e) => [e.name, e.attributes])).toEqual([
+      ['idempotency.resumed', { 'idempotency.finished_steps': 1 }],
+      ['idempotency.step_replayed', { 'idempotency.step': 'recorded' }],
+      ['idempotency.step_saved', { 'idempotency.step': 'charged' }],
+    ]);
+    const counted = (await sdk.points('idempotency.outcomes')).map((p) => [p.attributes, p.value]);
+    expect(counted).toEqual(
+      expect.arrayContaining([
+        [{ 'idempotency.outcome': 'resumed' }, 1],
+        [{ 'idempotency.outcome': 'step_replayed', 'idempotency.step': 'recorded' }, 1],
+        [{ 'idempotency.outcome': 'step_saved', 'idempotency.step': 'charged' }, 1],
+      ]),
+    );
+  });
+
   it('leaves spans alone for lease renewals, which a shared timer reports', () => {
     sdk.tracer.startActiveSpan('another request', (span: Span) => {
       listener(EVENTS[7]!);

@@ -98,7 +98,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
         `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'keys' ORDER BY 1`,
         [`${schema}_m`],
       );
-      expect(rows.map((r) => r.indexname)).toEqual(['keys_expires_at_ms', 'keys_pkey']);
+      expect(rows.map((r) => r.indexname)).toEqual(['keys_abandoned', 'keys_expires_at_ms', 'keys_pkey']);
     } finally {
       await other.close();
       await admin.query(`DROP SCHEMA IF EXISTS "${schema}_m" CASCADE`);
@@ -502,6 +502,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
         [schema],
       );
       expect(rows.map((r) => r.indexname)).toEqual([
+        'idempotency_keys_abandoned',
         'idempotency_keys_expires_at_ms',
         'idempotency_keys_pkey',
       ]);

@@ -21,8 +21,11 @@ export const VARIANTS = [
 
 export const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
 
-/** Starts the loan desk for one variant on its own fresh database; `count()` counts its loans. */
-export async function startLoanDesk(ctx, variant, { tag = '', execArgv = [] } = {}) {
+/**
+ * Starts the loan desk for one variant on its own fresh database (`env` on top); `count()` counts
+ * its loans.
+ */
+export async function startLoanDesk(ctx, variant, { tag = '', execArgv = [], env: extraEnv = {} } = {}) {
   const name = `${variant.id}${tag}`.replaceAll('-', '_');
   let databaseUrl;
   let count;
@@ -44,7 +47,7 @@ export async function startLoanDesk(ctx, variant, { tag = '', execArgv = [] } = 
       }
     };
   }
-  const env = { DATABASE_URL: databaseUrl, IDEMPOTENCY_MODE: variant.mode };
+  const env = { DATABASE_URL: databaseUrl, IDEMPOTENCY_MODE: variant.mode, ...extraEnv };
   // Its Redis keys hold the request's key, and so the run id that cleanup() looks for.
   if (variant.store) env.IDEMPOTENCY_STORE = variant.store === 'redis' ? REDIS_URL : variant.store;
   const server = await startServer(LOAN_DESK, { env, execArgv, ipcReady: false });

@@ -1,56 +1,21 @@
 import { randomBytes } from 'node:crypto';
 import http from 'node:http';
-import { MIMEType } from 'node:util';
-import { credentialScope } from 'retrysafe';
+import { credentialScope, startCompleter } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { adminRoutes } from './admin.js';
 import { openDatabase, openKeyStore } from './database.js';
+import { fineRoutes } from './fines.js';
+import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './json-body.js';
 import { operations } from './operations.js';
-import { sendJson as send } from './respond.js';
+import { databaseUnavailable, sendJson as send, sendFound } from './respond.js';
 import { losingMarkedAnswers, webRoutes } from './web.js';
 
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
-const IDENTIFIER = /^[^\p{Cc}]{1,64}$/u;
+const LOAN_SHAPE = '{"member", "isbn", "issuedAt"}';
 
 // Date.parse accepts 2026-02-31 (as March 3rd); a real calendar date survives the round trip.
 const isCalendarDate = (text) =>
   DATE.test(text) && !Number.isNaN(Date.parse(text)) && new Date(text).toISOString().startsWith(text);
-
-function databaseUnavailable(res, doing, error) {
-  console.error(`loan desk: ${doing} failed:`, error.message);
-  send(
-    res,
-    503,
-    { error: 'database_unavailable', message: 'The database did not answer; try again.' },
-    { 'retry-after': '1' },
-  );
-}
-
-/**
- * Whether a body is declared JSON (`application/json`, UTF-8 if a charset is named). A form or a
- * `text/plain` post from a page on another site needs no CORS preflight; refusing them (415) before
- * anything is claimed or written means such a page cannot lend a book.
- */
-function isJsonBody(req) {
-  try {
-    const type = new MIMEType(req.headers['content-type'] ?? '');
-    const charset = type.params.get('charset');
-    return type.essence === 'application/json' && (charset === null || charset.toLowerCase() === 'utf-8');
-  } catch {
-    return false;
-  }
-}
-
-const unsupportedMediaType = (res) =>
-  send(
-    res,
-    415,
-    {
-      error: 'unsupported_media_type',
-      message: 'Send the loan as JSON, with Content-Type: application/json.',
-    },
-    { 'accept-post': 'application/json' },
-  );
 
 /**
  * The caller's credential names its key scope: two callers sending the same key string name two
@@ -63,38 +28,10 @@ const scopeBy = (scopeSecret) => (req) =>
 
 /** Checks the body of `POST /loans`; a `problem` is answered with 400 before anything is written. */
 export function parseLoan(body) {
-  if (body.length === 0) {
-    return {
-      problem: { error: 'invalid_body', message: 'The body is empty; send {"member", "isbn", "issuedAt"}.' },
-    };
-  }
-  let value;
-  try {
-    value = JSON.parse(body.toString('utf8'));
-  } catch (error) {
-    return { problem: { error: 'invalid_json', message: `The body is not valid JSON: ${error.message}` } };
-  }
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-    return {
-      problem: {
-        error: 'invalid_body',
-        message: 'The body must be a JSON object {"member", "isbn", "issuedAt"}.',
-      },
-    };
-  }
-  for (const field of ['member', 'isbn']) {
-    const text = value[field];
-    // PostgreSQL refuses NUL in text; no id has a control character, so none reaches a database.
-    if (typeof text !== 'string' || !IDENTIFIER.test(text)) {
-      return {
-        problem: {
-          error: 'validation',
-          field,
-          message: `${field} must be a string of 1 to 64 characters, none a control character.`,
-        },
-      };
-    }
-  }
+  const { value, problem } = readJsonObject(body, LOAN_SHAPE);
+  if (problem) return { problem };
+  const badId = identifierProblem(value, 'member') ?? identifierProblem(value, 'isbn');
+  if (badId) return { problem: badId };
   const { issuedAt } = value;
   if (typeof issuedAt !== 'string' || !isCalendarDate(issuedAt)) {
     return {
@@ -113,7 +50,9 @@ export function parseLoan(body) {
  * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
  * instead of lending the book again; without a key every call is a new loan. The pages and the
  * admin API (web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`;
- * `ops` (operations.js) hears the idempotency events and serves `/metrics`.
+ * `ops` (operations.js) hears the idempotency events and serves `/metrics`. `POST /fines` is
+ * fines.js. Answers the request handler and `resumeFine`, which re-drives an abandoned fine
+ * (the completer's work).
  */
 export function loanDesk({
   database,
@@ -128,16 +67,23 @@ export function loanDesk({
   ops,
   ...settings
 }) {
-  const guard = idempotency({
+  const guarding = {
     onEvent: ops?.onEvent,
     store,
-    mode,
     ttl: ttlMs,
     lease: leaseMs,
     wait: waitMs,
-    required,
     scope: scopeBy(scopeSecret),
     encryptionKey: encryptionKeys,
+  };
+  const guard = idempotency({ ...guarding, mode, required });
+  // A fine calls the payment provider between its database writes, which no transaction can span:
+  // lease mode, its steps saved one by one (phases when the keys share the desk's database).
+  const fines = fineRoutes({
+    database,
+    guard: idempotency({ ...guarding, mode: 'lease', required: true }),
+    phases: store === database.store,
+    ...settings,
   });
 
   // In atomic mode `idem.tx` is the transaction holding the claim: the loan commits with the
@@ -176,17 +122,9 @@ export function loanDesk({
   const web = webRoutes(settings);
   const admin = adminRoutes({ store, ...settings });
 
-  async function read(res, query) {
-    try {
-      const found = await query();
-      if (found === undefined) return send(res, 404, { error: 'loan_not_found' });
-      send(res, 200, found);
-    } catch (error) {
-      databaseUnavailable(res, 'reading', error);
-    }
-  }
+  const read = (res, query) => sendFound(res, query, 'loan_not_found');
 
-  return function loanDeskHandler(req, res) {
+  function loanDeskHandler(req, res) {
     const url = new URL(req.url ?? '/', 'http://loan-desk');
     const { pathname } = url;
     const reading = req.method === 'GET' || req.method === 'HEAD';
@@ -194,7 +132,8 @@ export function loanDesk({
       send(res, 405, { error: 'method_not_allowed', allow: methods }, { allow: methods });
 
     if (pathname === '/loans') {
-      if (req.method === 'POST') return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res);
+      if (req.method === 'POST')
+        return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res, 'the loan');
       return reading ? read(res, () => database.listLoans()) : allow('GET, HEAD, POST');
     }
     const loanPath = /^\/loans\/([^/]+)$/.exec(pathname);
@@ -206,9 +145,12 @@ export function loanDesk({
     if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
     if (pathname === '/members')
       return reading ? read(res, () => database.listMembers()) : allow('GET, HEAD');
-    if (web(req, res, url) || admin(req, res, url) || ops?.route(req, res, pathname)) return;
+    if (fines.handler(req, res, url) || web(req, res, url) || admin(req, res, url)) return;
+    if (ops?.route(req, res, pathname)) return;
     send(res, 404, { error: 'path_not_found' });
-  };
+  }
+
+  return { handler: loanDeskHandler, resumeFine: fines.createFine.resume };
 }
 
 export const deskUrl = (host, port) => `http://${host.includes(':') ? `[${host}]` : host}:${port}`;
@@ -227,7 +169,8 @@ export async function startLoanDesk(config, { setup }) {
   // retry landing on another one would not find its key.
   const scopeSecret =
     config.scopeSecret ?? (await database.secret('scope', randomBytes(32).toString('base64url')));
-  const server = http.createServer(loanDesk({ ...config, database, store, ops, scopeSecret }));
+  const desk = loanDesk({ ...config, database, store, ops, scopeSecret });
+  const server = http.createServer(desk.handler);
   await new Promise((resolve, reject) => {
     server.once('error', reject);
     server.listen(config.port, config.host, resolve);
@@ -236,6 +179,16 @@ export async function startLoanDesk(config, { setup }) {
     store.purgeExpired().then(ops.purged, (error) => ops.logger.error({ err: error }, 'purge failed'));
   }, config.purgeIntervalMs);
   purge.unref();
+  // Fines whose client never came back (the desk died mid-way) are finished here, by whichever
+  // desk process claims them first.
+  const completer = config.completer
+    ? startCompleter({
+        store,
+        resume: desk.resumeFine,
+        interval: config.completerIntervalMs,
+        onError: (error) => ops.logger.error({ err: error }, 'completer pass failed'),
+      })
+    : undefined;
   const { port } = server.address();
   return {
     url: deskUrl(config.host, port),
@@ -245,6 +198,7 @@ export async function startLoanDesk(config, { setup }) {
     store,
     async close() {
       clearInterval(purge);
+      await completer?.stop();
       const closed = new Promise((resolve) => server.close(resolve));
       server.closeIdleConnections();
       await closed;

@@ -20,6 +20,10 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  * IDEMPOTENCY_ENCRYPTION_KEY base64 32-byte keys, comma-separated, current first: stored answers are
  *                            encrypted with the first and read with any (none: stored in clear)
  * PURGE_INTERVAL             how often expired keys are deleted (1m)
+ * PROVIDER_URL               the payment provider fines are charged at (http://127.0.0.1:8484)
+ * COMPLETER                  1 (default): finish fines whose client never came back, once their
+ *                            lease passed; 0: only a retry finishes them
+ * COMPLETER_INTERVAL         how often the completer looks for them (5s)
  * WORKERS                    processes sharing the port and the database (1)
  * SCOPE_SECRET               at least 16 characters keying the scope digests (HMAC-SHA-256 of
  *                            Authorization); unset, the desk makes one once and keeps it in its database
@@ -28,7 +32,9 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            (never a request with X-Forwarded-For, Forwarded or Via); 0 (default).
  *                            Neither set: the admin API is closed
  * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
- *                            marks); 0 (default): the mark is ignored
+ *                            marks), and POST /fines with `Demo-Crash-After: recorded|charged|paid`
+ *                            kills the desk (SIGKILL) right after that step is saved; 0 (default):
+ *                            both are ignored
  * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,
  *                            info (default), debug (one line per idempotency event), trace, silent
  */
@@ -119,6 +125,12 @@ export function readConfig(env = process.env) {
     fail('SCOPE_SECRET', 'at least 16 characters');
   const adminLoopback = env.ADMIN_LOOPBACK || '0';
   if (adminLoopback !== '0' && adminLoopback !== '1') fail('ADMIN_LOOPBACK', '`1` or `0`');
+  const completer = env.COMPLETER || '1';
+  if (completer !== '0' && completer !== '1') fail('COMPLETER', '`1` or `0`');
+  const providerUrl = env.PROVIDER_URL || 'http://127.0.0.1:8484';
+  if (!URL.canParse(providerUrl) || !/^https?:$/.test(new URL(providerUrl).protocol)) {
+    fail('PROVIDER_URL', 'an http:// or https:// URL like http://127.0.0.1:8484');
+  }
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
 
@@ -134,6 +146,9 @@ export function readConfig(env = process.env) {
     waitMs: duration('IDEMPOTENCY_WAIT', '10s', 0),
     encryptionKeys,
     purgeIntervalMs: duration('PURGE_INTERVAL', '1m'),
+    providerUrl,
+    completer: completer === '1',
+    completerIntervalMs: duration('COMPLETER_INTERVAL', '5s'),
     workers: integer('WORKERS', 1, 1),
     scopeSecret: env.SCOPE_SECRET || undefined,
     adminToken: env.ADMIN_TOKEN || undefined,

@@ -13,10 +13,19 @@ const SCHEMA = `
     "return" TEXT,
     intent TEXT,
     intent_until_ms INTEGER
+  );
+  CREATE TABLE IF NOT EXISTS fine (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    member TEXT NOT NULL REFERENCES member (id),
+    amount INTEGER NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    charge_id TEXT,
+    intent TEXT UNIQUE
   );`;
 // The unique intent of a keyed loan (see postgres.js); a database made before it gains the column.
 const INTENT_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON loan (intent)';
 const LOAN_COLUMNS = 'id, member, isbn, issuedAt, "return"';
+const FINE_COLUMNS = 'id, member, amount, status, charge_id AS chargeId';
 // The desk's own secrets, made once (see `scopeSecret`).
 const SECRET_TABLE = 'CREATE TABLE IF NOT EXISTS desk_secret (name TEXT PRIMARY KEY, value TEXT NOT NULL)';
 
@@ -71,10 +80,22 @@ export async function openSqlite({ filename, setup, now }) {
   );
   const lentLoan = db.prepare(`SELECT ${LOAN_COLUMNS}, intent_until_ms FROM loan WHERE intent = ?`);
   const forgetIntent = db.prepare('UPDATE loan SET intent = NULL WHERE intent = ?');
+  const insertFine = db.prepare(
+    `INSERT INTO fine (member, amount, intent) VALUES (@member, @amount, @intent)
+     ON CONFLICT (intent) DO NOTHING RETURNING ${FINE_COLUMNS}`,
+  );
+  const recordedFine = db.prepare(`SELECT ${FINE_COLUMNS} FROM fine WHERE intent = ?`);
+  const payFine = db.prepare(
+    `UPDATE fine SET status = 'paid', charge_id = @chargeId WHERE id = @id RETURNING ${FINE_COLUMNS}`,
+  );
   const clock = now ?? Date.now;
   const allLoans = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
   const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
   const loanCount = reader.prepare('SELECT count(*) FROM loan').pluck();
+  const oneFine = reader.prepare(`SELECT ${FINE_COLUMNS} FROM fine WHERE id = ?`);
+  const allFines = reader.prepare(`SELECT ${FINE_COLUMNS} FROM fine ORDER BY id`);
+  const finesOf = reader.prepare(`SELECT ${FINE_COLUMNS} FROM fine WHERE member = ? ORDER BY id`);
+  const readerMemberExists = reader.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
   const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
   const allMembers = reader.prepare('SELECT id, name FROM member ORDER BY id');
 
@@ -103,6 +124,22 @@ export async function openSqlite({ filename, setup, now }) {
       tx ? lend(loan, intent, intentTtlMs) : store.transaction(() => lend(loan, intent, intentTtlMs)),
     listLoans: async () => allLoans.all(),
     getLoan: async (id) => oneLoan.get(id),
+    memberExists: async (id) => readerMemberExists.get(id) === 1,
+    /**
+     * Records a pending fine; a second call with its `intent` returns the first. `tx` is the
+     * connection inside a phase's transaction (see postgres.js), absent for a step of its own.
+     */
+    recordFine: (fine, { tx, intent }) => {
+      const record = () => insertFine.get({ ...fine, intent }) ?? recordedFine.get(intent);
+      return tx ? record() : store.transaction(record);
+    },
+    /** Marks fine `id` paid by charge `chargeId`; again, it changes nothing. */
+    markFinePaid: (id, chargeId, { tx } = {}) => {
+      const pay = () => payFine.get({ id, chargeId });
+      return tx ? pay() : store.transaction(pay);
+    },
+    getFine: async (id) => oneFine.get(id),
+    listFines: async (member) => (member === undefined ? allFines.all() : finesOf.all(member)),
     listBooks: async () => allBooks.all(),
     listMembers: async () => allMembers.all(),
     countLoans: async () => loanCount.get(),

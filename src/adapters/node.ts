@@ -1,10 +1,14 @@
-import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import { IncomingMessage, type OutgoingHttpHeaders, ServerResponse } from 'node:http';
+import { Socket } from 'node:net';
 import {
+  type AbandonedRecord,
   createIdempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
   isIdempotencyError,
+  type Outcome,
   type RegisteredTx,
+  type ResumedRequest,
 } from '../core/index.js';
 import {
   capture,
@@ -31,6 +35,37 @@ export type NodeHandler<Tx = RegisteredTx> = (
   idem: IdempotencyContext<Tx> | undefined,
 ) => unknown;
 
+/**
+ * A request and response of no connection, for a completer to drive a handler with: the request
+ * carries the saved method, path, `content-type` and body (and the key in `headerName`); what the
+ * handler answers is captured and saved, and goes nowhere else.
+ */
+function detachedExchange(saved: ResumedRequest, keyHeader: string | undefined) {
+  const req = new IncomingMessage(new Socket());
+  req.method = saved.method;
+  req.url = saved.path;
+  if (saved.contentType !== undefined) req.headers['content-type'] = saved.contentType;
+  if (keyHeader !== undefined) req.headers[keyHeader] = saved.key;
+  req.push(null);
+  const res = new ServerResponse(req);
+  return { req: Object.assign(req, { body: Buffer.from(saved.body) }) as BodyRequest, res };
+}
+
+/** A guarded node:http handler, and the completer's way into it. */
+export interface GuardedNodeHandler {
+  (req: IncomingMessage, res: ServerResponse): Promise<void>;
+  /**
+   * Re-drives an abandoned record (`store.abandoned()`) through this handler from its saved
+   * request, for `resumeAbandoned` / `startCompleter`: the handler gets the finished steps and runs
+   * the rest; its answer is saved, so the client's late retry replays it. `req` carries no
+   * `Authorization` (never stored): the record's scope is kept as it was. Resolves with the
+   * engine's outcome, `undefined` when the saved request cannot be read.
+   * @example
+   * startCompleter({ store, resume: (record) => guarded.resume(record) });
+   */
+  resume(record: AbandonedRecord): Promise<Outcome | undefined>;
+}
+
 /** Options of `retrysafe/node`'s `idempotency`: the engine's options over node:http requests. */
 export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<IncomingMessage, Tx>;
 
@@ -44,8 +79,8 @@ export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Incom
  */
 export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<Tx>) {
   const engine = createIdempotency<IncomingMessage, Tx>(engineOptionsOf('node idempotency()', options));
-  return function wrap(handler: NodeHandler<Tx>) {
-    return async function idempotentHandler(req: IncomingMessage, res: ServerResponse): Promise<void> {
+  return function wrap(handler: NodeHandler<Tx>): GuardedNodeHandler {
+    async function idempotentHandler(req: IncomingMessage, res: ServerResponse): Promise<void> {
       let body: Buffer;
       try {
         body = await readBody(req, engine);
@@ -93,6 +128,13 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
         if (before && !res.headersSent) resetHeaders(res, before);
         internalError(res, error);
       }
-    };
+    }
+    return Object.assign(idempotentHandler, {
+      resume: (record: AbandonedRecord) =>
+        engine.resume(record, (ctx, saved) => {
+          const { req, res } = detachedExchange(saved, engine.keyHeader);
+          return capture(engine, res, () => handler(req, res, ctx));
+        }),
+    });
   };
 }

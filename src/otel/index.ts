@@ -36,7 +36,8 @@ interface Tally {
  * Metrics (from `meterProvider`, meter `retrysafe`):
  * - `idempotency.outcomes` (counter): events by `idempotency.outcome` (`executed`, `replayed`,
  *   `conflict`, `waited`, `released`, `fenced`, `lease_renewed`, `lease_lost`, `store_error`,
- *   `rejected`), with `idempotency.reason`, `.result`, `.operation` or `.step` where the event has one.
+ *   `rejected`, `step_saved`, `step_replayed`, `resumed`), with `idempotency.reason`, `.result`,
+ *   `.operation` or `.step` (a fenced call, or a step's name) where the event has one.
  * - `idempotency.store.duration` (histogram, s): time a request spent in store calls.
  * - `idempotency.handler.duration` (histogram, s): time a guarded handler took.
  * - `idempotency.wait.duration` (histogram, s): time a duplicate waited for an in-progress original.
@@ -46,7 +47,8 @@ interface Tally {
  * request more (about 1 µs each) than the rest of this listener together.
  *
  * Traces: the active span (the HTTP server span of your instrumentation) gets
- * `idempotency.outcome` and `idempotency.key`; a store error is recorded on it as an exception.
+ * `idempotency.outcome` and `idempotency.key`; a store error is recorded on it as an exception;
+ * steps saved or replayed and a completer's takeover are span events (`idempotency.step_saved`, …).
  * The scope never reaches a span or a metric.
  *
  * @example
@@ -119,6 +121,16 @@ export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}):
       // Renewals run on a timer shared by every request: the active span there is not theirs.
       case 'lease_renewed':
       case 'lease_lost':
+        return;
+      // Moments within the request, not its outcome: span events, so the outcome stays the request's.
+      case 'step_saved':
+      case 'step_replayed':
+        trace.getActiveSpan()?.addEvent(`idempotency.${event.type}`, { 'idempotency.step': event.name });
+        return;
+      case 'resumed':
+        trace
+          .getActiveSpan()
+          ?.addEvent('idempotency.resumed', { 'idempotency.finished_steps': event.finishedSteps });
         return;
     }
     const span = trace.getActiveSpan();

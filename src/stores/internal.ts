@@ -1,11 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import {
+  type AbandonedOptions,
+  type AbandonedRecord,
   ConfigError,
   type KeyPage,
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
+  type SavedStep,
 } from '../core/contract/index.js';
 import { timerMs } from '../core/options/index.js';
 
@@ -26,8 +29,7 @@ export function listCursor(position: readonly string[]): string {
 
 /** Checks `list` options, naming `owner` in errors; `arity` is how many strings the store's cursors hold. */
 export function listRequest(owner: string, options: ListKeysOptions, arity: number): ListRequest {
-  const limit = requirePositiveInteger(owner, 'limit', options.limit ?? DEFAULT_LIST_LIMIT);
-  if (limit > MAX_LIST_LIMIT) throw new ConfigError(`${owner}: \`limit\` must be at most ${MAX_LIST_LIMIT}`);
+  const limit = abandonedLimit(owner, options);
   if (options.scope !== undefined && typeof options.scope !== 'string') {
     throw new ConfigError(`${owner}: \`scope\` must be a string`);
   }
@@ -42,6 +44,13 @@ export function listRequest(owner: string, options: ListKeysOptions, arity: numb
     throw new ConfigError(`${owner}: \`after\` is not a cursor this store returned`);
   }
   return { limit, scope: options.scope, after };
+}
+
+/** Checks `abandoned`'s `limit` (1 to MAX_LIST_LIMIT, default 100), naming `owner` in errors. */
+export function abandonedLimit(owner: string, options: AbandonedOptions): number {
+  const limit = requirePositiveInteger(owner, 'limit', options.limit ?? DEFAULT_LIST_LIMIT);
+  if (limit > MAX_LIST_LIMIT) throw new ConfigError(`${owner}: \`limit\` must be at most ${MAX_LIST_LIMIT}`);
+  return limit;
 }
 
 /** Length-prefixed so that no two (scope, key) pairs share an id, whatever characters they hold. */
@@ -156,10 +165,18 @@ export interface SummaryRow {
   expires_at_ms: number | string;
   lease_until_ms: number | string;
   completed_at_ms: number | string | null;
+  /** The saved steps: JSON text (SQLite) or parsed (PostgreSQL's jsonb); `null` when none. */
+  steps: string | SavedStep[] | null;
 }
 
 export const SUMMARY_COLUMNS =
-  'scope, key, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms';
+  'scope, key, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms, steps';
+
+/** Saved steps as a SQL store returns its `steps` column. */
+export function stepsOf(column: string | SavedStep[] | null): SavedStep[] {
+  if (column === null) return [];
+  return typeof column === 'string' ? (JSON.parse(column) as SavedStep[]) : column;
+}
 
 export function summaryOf(row: SummaryRow): KeyRecordSummary {
   const completed = row.completed_at_ms !== null;
@@ -171,6 +188,7 @@ export function summaryOf(row: SummaryRow): KeyRecordSummary {
     createdAtMs: Number(row.created_at_ms),
     expiresAtMs: Number(row.expires_at_ms),
     leaseUntilMs: completed ? null : Number(row.lease_until_ms),
+    ...(row.steps !== null && { steps: stepsOf(row.steps).map((step) => step.name) }),
   };
 }
 
@@ -179,4 +197,18 @@ export function keysetPage(rows: KeyRecordSummary[], limit: number): KeyPage {
   const records = rows.slice(0, limit);
   const last = records[records.length - 1];
   return { records, next: rows.length > limit && last ? listCursor([last.scope, last.key]) : null };
+}
+
+/** The columns `abandoned` reads in the SQL stores. */
+export interface AbandonedRow {
+  scope: string;
+  key: string;
+  fingerprint: string;
+  request: string;
+  lease_until_ms: number | string;
+}
+
+export function abandonedOf(row: AbandonedRow): AbandonedRecord {
+  const { scope, key, fingerprint, request } = row;
+  return { scope, key, fingerprint, request, leaseUntilMs: Number(row.lease_until_ms) };
 }

@@ -1,15 +1,19 @@
 import type {
+  AbandonedOptions,
+  AbandonedRecord,
   ClaimInput,
   ClaimResult,
   IdempotencyStore,
   KeyPage,
   KeyRecordSummary,
   ListKeysOptions,
+  SavedStep,
   StoredResponse,
 } from '../core/contract/index.js';
 import { RetrysafeError } from '../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
+  abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
   expiresAtMs,
   keysetPage,
@@ -55,6 +59,10 @@ interface MemoryRecord {
   expiresAtMs: number;
   /** Absent while in progress. */
   response?: StoredResponse;
+  /** The operation's finished steps, in saving order. */
+  steps: SavedStep[];
+  /** Saved with the first step, for the completer. */
+  request?: string;
 }
 
 /**
@@ -142,7 +150,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       existing.createdAtMs = nowMs;
       existing.leaseUntilMs = nowMs + input.leaseMs;
       existing.expiresAtMs = expiresAtMs(nowMs, input.leaseMs, input.ttlMs);
-      return { outcome: 'acquired', token: existing.token };
+      return { outcome: 'acquired', token: existing.token, steps: [...existing.steps] };
     }
     makeRoom(nowMs);
     const token = newToken();
@@ -154,6 +162,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       token,
       leaseUntilMs: nowMs + input.leaseMs,
       expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+      steps: [],
     });
     return { outcome: 'acquired', token };
   }
@@ -171,6 +180,36 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     completed.add(id);
     waiters.wake(id);
     return true;
+  }
+
+  async function saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string) {
+    const record = owned(recordId(scope, key), token);
+    if (!record) return false;
+    record.steps.push({ name: step.name, value: step.value });
+    if (request !== undefined) record.request = request;
+    return true;
+  }
+
+  async function abandoned(options: AbandonedOptions = {}): Promise<AbandonedRecord[]> {
+    const limit = abandonedLimit('memoryStore.abandoned', options);
+    const nowMs = Date.now();
+    return [...records.values()]
+      .filter(
+        (record): record is MemoryRecord & { request: string } =>
+          !record.response &&
+          record.request !== undefined &&
+          record.leaseUntilMs <= nowMs &&
+          record.expiresAtMs > nowMs,
+      )
+      .sort((a, b) => a.leaseUntilMs - b.leaseUntilMs)
+      .slice(0, limit)
+      .map(({ scope, key, fingerprint, request, leaseUntilMs }) => ({
+        scope,
+        key,
+        fingerprint,
+        request,
+        leaseUntilMs,
+      }));
   }
 
   async function release(scope: string, key: string, token: string) {
@@ -223,6 +262,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       createdAtMs: record.createdAtMs,
       expiresAtMs: record.expiresAtMs,
       leaseUntilMs: record.response ? null : record.leaseUntilMs,
+      ...(record.steps.length > 0 && { steps: record.steps.map((step) => step.name) }),
     };
   }
 
@@ -272,6 +312,8 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     claim,
     complete,
     release,
+    saveStep,
+    abandoned,
     renew,
     wait,
     purgeExpired,

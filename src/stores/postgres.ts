@@ -6,11 +6,16 @@ import type {
   AtomicWorkResult,
   ClaimInput,
   ClaimResult,
+  PhaseStore,
+  SavedStep,
   StoredResponse,
 } from '../core/contract/index.js';
 import { ConfigError, RetrysafeError } from '../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
+  type AbandonedRow,
+  abandonedLimit,
+  abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
   keysetPage,
   listRequest,
@@ -99,7 +104,7 @@ export interface PostgresStoreOptions {
 }
 
 /** The PostgreSQL store: lease mode through the `IdempotencyStore` methods, atomic mode through `atomic`. */
-export interface PostgresStore extends AtomicStore<pg.PoolClient> {
+export interface PostgresStore extends AtomicStore<pg.PoolClient>, PhaseStore<pg.PoolClient> {
   /**
    * Creates the schema, table and index when missing (the statements of `postgresMigrationSql`);
    * safe to run again and concurrently.
@@ -124,6 +129,8 @@ const LOCK_NOT_AVAILABLE = '55P03';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 const DUPLICATE_PREPARED_STATEMENT = '42P05';
 const UNDEFINED_TABLE = '42P01';
+/** A table made before steps existed: `migrate` adds their columns. */
+const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const MISSING_PREPARED_STATEMENT = '26000';
 const DIVISION_BY_ZERO = '22012';
@@ -229,8 +236,14 @@ export function postgresMigrationSql(options: { schema?: string; table?: string 
   status integer,
   headers json,
   body bytea,
+  steps jsonb,
+  request text,
   PRIMARY KEY (scope, key))`,
     `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${qualified} (expires_at_ms)`,
+    // Steps came in a later release: a table made before lacks their columns.
+    `ALTER TABLE ${qualified} ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS request text`,
+    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON ${qualified} (lease_until_ms)
+  WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
   ];
 }
 
@@ -377,10 +390,13 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     text: `WITH n AS (SELECT ${NOW_MS} AS ms)
       UPDATE ${qualified} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
         expires_at_ms = n.ms + GREATEST($5, $6), completed_at_ms = NULL, status = NULL, headers = NULL,
-        body = NULL
+        body = NULL,
+        steps = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE steps END,
+        request = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE request END
       FROM n
       WHERE scope = $1 AND key = $2
-        AND (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))`,
+        AND (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))
+      RETURNING steps`,
   };
   const LEASE_LEFT = {
     name: `retrysafe_lease_left_${tag}`,
@@ -392,10 +408,31 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   const COMPLETE = {
     name: `retrysafe_complete_${tag}`,
     text: `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
-        UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
+        UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6, request = NULL
+        FROM n
         WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
         RETURNING 1)
       SELECT pg_notify($7, $8) FROM done`,
+  };
+  // One write: the step is appended to the record's steps (a jsonb array keeps saving order).
+  const SAVE_STEP = {
+    name: `retrysafe_save_step_${tag}`,
+    text: `UPDATE ${qualified}
+      SET steps = coalesce(steps, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('name', $4::text, 'value', $5::text)),
+        request = coalesce($6, request)
+      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > ${NOW_MS}`,
+  };
+  // The phase's lock: a takeover's UPDATE of this row waits until the phase commits or rolls back.
+  const LOCK_OWNED = {
+    name: `retrysafe_lock_owned_${tag}`,
+    text: `SELECT token FROM ${qualified}
+      WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND expires_at_ms > ${NOW_MS} FOR UPDATE`,
+  };
+  const ABANDONED = {
+    name: `retrysafe_abandoned_${tag}`,
+    text: `SELECT scope, key, fingerprint, request, lease_until_ms FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
+      WHERE request IS NOT NULL AND completed_at_ms IS NULL AND lease_until_ms <= n.ms AND expires_at_ms > n.ms
+      ORDER BY lease_until_ms LIMIT $1`,
   };
   // Names of their own: SQL PREPARE shares the namespace of the protocol-level statements `pg` prepares.
   const CLAIM_TYPES = ['text', 'text', 'text', 'text', 'bigint', 'bigint'];
@@ -486,8 +523,10 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         }
         return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
       }
-      if (row && (await query(true, values)).rowCount === 1) {
-        return { outcome: 'acquired', token };
+      const taken = row && (await query(true, values));
+      if (taken && taken.rowCount === 1) {
+        const steps = (taken.rows[0] as { steps?: SavedStep[] | null } | undefined)?.steps;
+        return steps ? { outcome: 'acquired', token, steps } : { outcome: 'acquired', token };
       }
       if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
     }
@@ -576,7 +615,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       return await statement();
     } catch (error) {
       const code = (error as { code?: string }).code;
-      if (code !== UNDEFINED_TABLE && code !== INVALID_SCHEMA_NAME) throw pgbouncerRefusal(error);
+      if (code !== UNDEFINED_TABLE && code !== INVALID_SCHEMA_NAME && code !== UNDEFINED_COLUMN) {
+        throw pgbouncerRefusal(error);
+      }
       if (!options.migrate) {
         throw new ConfigError(
           `postgresStore: the table ${qualified} does not exist. Create it with \`retrysafe migrate --database-url <url> --schema ${schema} --table ${table}\` (or store.migrate(), or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
@@ -611,6 +652,20 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     async release(scope, key, token) {
       const { rowCount } = await own(() => run(RELEASE, [scope, key, token, channel, notifyId(scope, key)]));
       return rowCount === 1;
+    },
+
+    async saveStep(scope, key, token, step, request) {
+      const values = [scope, key, token, step.name, step.value, request ?? null];
+      const { rowCount } = await own(() => pool.query({ ...SAVE_STEP, values }));
+      return rowCount === 1;
+    },
+
+    phase,
+
+    async abandoned(options = {}) {
+      const limit = abandonedLimit('postgresStore.abandoned', options);
+      const { rows } = await own(() => pool.query<AbandonedRow>({ ...ABANDONED, values: [limit] }));
+      return rows.map(abandonedOf);
     },
 
     async renew(scope, key, token, leaseMs) {
@@ -702,6 +757,46 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       if (ownsPool) await pool.end();
     },
   };
+
+  /**
+   * A phase on a client of its own: the row lock (FOR UPDATE), the fence check, the work's queries
+   * and the saved step commit together. An owner that dies inside it leaves an open transaction
+   * the server rolls back when the connection goes; one whose key was taken over finds another
+   * token under the lock and runs nothing.
+   */
+  async function phase(
+    scope: string,
+    key: string,
+    token: string,
+    work: (tx: pg.PoolClient) => Promise<SavedStep>,
+    request?: string,
+  ): Promise<boolean> {
+    const client = await pool.connect();
+    let broken: unknown;
+    try {
+      await client.query('BEGIN');
+      const { rows } = await own(
+        () => client.query<{ token: string }>({ ...LOCK_OWNED, values: [scope, key] }),
+        client,
+      );
+      if (rows[0]?.token !== token) {
+        await client.query('ROLLBACK');
+        return false;
+      }
+      const step = await work(client);
+      const values = [scope, key, token, step.name, step.value, request ?? null];
+      const { rowCount } = await client.query({ ...SAVE_STEP, values });
+      await client.query('COMMIT');
+      return rowCount === 1;
+    } catch (error) {
+      await client.query('ROLLBACK').catch((failed: unknown) => {
+        broken = failed;
+      });
+      throw error;
+    } finally {
+      client.release(broken instanceof Error ? broken : undefined);
+    }
+  }
 
   async function atomicOnClient(
     input: ClaimInput,

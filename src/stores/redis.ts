@@ -1,13 +1,16 @@
 import { Redis } from 'ioredis';
 import type {
+  AbandonedRecord,
   ClaimResult,
   IdempotencyStore,
   KeyRecordSummary,
+  SavedStep,
   StoredResponse,
 } from '../core/contract/index.js';
 import { ConfigError, RetrysafeError } from '../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
+  abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
   listCursor,
   listRequest,
@@ -60,7 +63,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 
 // Record format. A record is one string, so a claim is one native `SET … NX PX … GET`: it writes
 // a new key, or answers the record there without writing. Lines, then the raw bytes:
-//   in progress: P \n token \n leaseEndsBeforeExpiryMs \n createdBeforeExpiryMs \n fingerprint
+//   in progress: P \n token \n leaseEndsBeforeExpiryMs \n createdBeforeExpiryMs \n fingerprint [\n steps]
+//     where steps, once a step is saved, is JSON {"steps": [{name, value}…], "request": …}
 //   completed:   C \n createdBeforeExpiryMs \n status \n fingerprint's byte length \n headers JSON \n fingerprint body
 // Times count back from the key's own expiry, which Redis sets from its clock: the claim needs no
 // clock of ours, and lease and creation times stay Redis's ("now" from the database server).
@@ -68,9 +72,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 // status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
 // answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did.
 const LEGACY_HASH = `redis.call('TYPE', KEYS[1]).ok == 'hash'`;
-// A Lua pattern: an in-progress record's lease offset, creation offset and fingerprint. It also
-// reads the first 80 bytes of one (GETRANGE), whose fingerprint it then cuts short.
-const IN_PROGRESS_FIELDS = `'^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n(.*)$'`;
+// A Lua pattern: an in-progress record's lease offset, creation offset, fingerprint and steps
+// (`''`, or a newline and their JSON). It also reads the first 80 bytes of one (GETRANGE), whose
+// fingerprint it then cuts short.
+const IN_PROGRESS_FIELDS = `'^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n([^\\n]*)(.*)$'`;
 
 // KEYS[1] record; ARGV fingerprint, in-progress record, retainMs. The claim of a key that holds a
 // record in progress (its lease needs the key's TTL) or a 0.1.0 hash: what the native claim
@@ -88,10 +93,13 @@ const CLAIM_HELD_LUA = `if ${LEGACY_HASH} then
 else
   local value = redis.call('GET', KEYS[1])
   if value and string.sub(value, 1, 1) == 'P' then
-    local leaseOffset, _, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
+    local leaseOffset, _, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
     if fingerprint ~= ARGV[1] then return {'mismatch'} end
     local left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
     if left > 0 then return {'in_progress', left} end
+    -- A takeover: the finished steps stay with the record and go back to the new owner.
+    redis.call('SET', KEYS[1], ARGV[2] .. steps, 'PX', ARGV[3])
+    return {'acquired', steps}
   elseif value then
     return {'record', value}
   end
@@ -120,7 +128,7 @@ return 1`;
 // KEYS[1] record; ARGV owner prefix, leaseMs. The key's TTL grows with the lease should the lease
 // outlive it, and the offsets with it.
 const RENEW_LUA = `${OWNED}
-local _, created, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
+local _, created, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
 local lease = tonumber(ARGV[2])
 local expiresIn = redis.call('PTTL', KEYS[1])
 local grown = 0
@@ -129,8 +137,35 @@ if expiresIn < lease then
   grown = lease - expiresIn
   expiresIn = lease
 end
-redis.call('SET', KEYS[1], ARGV[1] .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint, 'KEEPTTL')
+redis.call('SET', KEYS[1], ARGV[1] .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'KEEPTTL')
 return 1`;
+
+// KEYS[1] record; ARGV owner prefix, step name, step value, request ('' for none). One SET: the
+// step joins the record's steps.
+const SAVE_STEP_LUA = `${OWNED}
+local head, steps = string.match(value, '^(P\\n[^\\n]*\\n[^\\n]*\\n[^\\n]*\\n[^\\n]*)(.*)$')
+local data = {steps = {}}
+if steps ~= '' then data = cjson.decode(string.sub(steps, 2)) end
+table.insert(data.steps, {name = ARGV[2], value = ARGV[3]})
+if ARGV[4] ~= '' then data.request = ARGV[4] end
+redis.call('SET', KEYS[1], head .. '\\n' .. cjson.encode(data), 'KEEPTTL')
+return 1`;
+
+// KEYS records. Replies, per key, {fingerprint, steps JSON, ms since its lease passed} for those
+// in progress with a passed lease and a saved request; false for the others.
+const ABANDONED_LUA = `local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = false
+  if redis.call('TYPE', key).ok == 'string' then
+    local value = redis.call('GET', key)
+    local leaseOffset, _, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
+    if leaseOffset and steps ~= '' then
+      local left = redis.call('PTTL', key) - tonumber(leaseOffset)
+      if left <= 0 then out[i] = {fingerprint, string.sub(steps, 2), -left} end
+    end
+  end
+end
+return out`;
 
 // KEYS[1] record. Ms left on a live lease, or -1 when the record is not in progress.
 const LEASE_LEFT_LUA = `local left
@@ -164,7 +199,8 @@ for i, key in ipairs(KEYS) do
     local leaseOffset, created = string.match(head, ${IN_PROGRESS_FIELDS})
     if leaseOffset then
       local expiresAt = now + expiresIn
-      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn}
+      local _, _, _, steps = string.match(redis.call('GET', key), ${IN_PROGRESS_FIELDS})
+      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn, steps}
     else
       local created, status = string.match(head, '^C\\n([^\\n]*)\\n([^\\n]*)\\n')
       if created then out[i] = {'completed', status, false, now + expiresIn - tonumber(created), expiresIn} end
@@ -178,7 +214,10 @@ const DELETE_LUA = `if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 redis.call('PUBLISH', ARGV[1], KEYS[1])
 return 1`;
 
-type SummaryReply = [number, [string | null, string | null, string | null, string | null, number][]];
+type SummaryReply = [
+  number,
+  [string | null, string | null, string | null, string | null, number, string | undefined][],
+];
 
 interface RetrysafeCommands {
   retrysafeClaimHeldBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
@@ -188,6 +227,14 @@ interface RetrysafeCommands {
   retrysafeLeaseLeft(key: string): Promise<number>;
   retrysafeSummaries(numberOfKeys: number, ...keys: string[]): Promise<SummaryReply>;
   retrysafeDelete(key: string, channel: string): Promise<number>;
+  retrysafeSaveStep(
+    key: string,
+    owner: string,
+    name: string,
+    value: string,
+    request: string,
+  ): Promise<number>;
+  retrysafeAbandoned(numberOfKeys: number, ...keys: string[]): Promise<([string, string, number] | null)[]>;
 }
 
 const NEWLINE = 0x0a;
@@ -201,7 +248,9 @@ function answerOfRecord(value: Buffer, fingerprint: string): ClaimResult | undef
   if (value[0] === IN_PROGRESS) {
     let at = 0;
     for (let line = 0; line < 4; line++) at = value.indexOf(NEWLINE, at) + 1;
-    return value.toString('utf8', at) === fingerprint ? undefined : { outcome: 'mismatch' };
+    const stepsAt = value.indexOf(NEWLINE, at);
+    const saved = value.toString('utf8', at, stepsAt === -1 ? value.length : stepsAt);
+    return saved === fingerprint ? undefined : { outcome: 'mismatch' };
   }
   const created = value.indexOf(NEWLINE, 2) + 1;
   const length = value.indexOf(NEWLINE, created) + 1;
@@ -285,12 +334,22 @@ const OPTION_NAMES = optionNames<RedisStoreOptions>({
   connectTimeoutMs: true,
 });
 
+/** An in-progress record's steps, as SAVE_STEP_LUA wrote them. */
+function stepsOfJson(json: string): { steps: SavedStep[]; request?: string } {
+  const data = JSON.parse(json) as { steps: SavedStep[] | Record<string, never>; request?: string };
+  // cjson writes an empty array as an object; SAVE_STEP_LUA never leaves it empty, but be sure.
+  return { steps: Array.isArray(data.steps) ? data.steps : [], request: data.request };
+}
+
 /** CLAIM_HELD_LUA's reply as a claim's answer. */
 function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprint: string): ClaimResult {
   const outcome = String(reply[0]);
   switch (outcome) {
-    case 'acquired':
-      return { outcome: 'acquired', token };
+    case 'acquired': {
+      const steps = reply[1] ? String(reply[1]) : '';
+      if (steps === '') return { outcome: 'acquired', token };
+      return { outcome: 'acquired', token, steps: stepsOfJson(steps.slice(1)).steps };
+    }
     case 'mismatch':
       return { outcome: 'mismatch' };
     case 'in_progress':
@@ -393,6 +452,8 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   client.defineCommand('retrysafeLeaseLeft', { numberOfKeys: 1, lua: LEASE_LEFT_LUA, readOnly: true });
   client.defineCommand('retrysafeSummaries', { lua: SUMMARIES_LUA, readOnly: true });
   client.defineCommand('retrysafeDelete', { numberOfKeys: 1, lua: DELETE_LUA });
+  client.defineCommand('retrysafeSaveStep', { numberOfKeys: 1, lua: SAVE_STEP_LUA });
+  client.defineCommand('retrysafeAbandoned', { lua: ABANDONED_LUA, readOnly: true });
   const commands = client as unknown as RetrysafeCommands;
 
   const channel = `${prefix}settled`;
@@ -420,7 +481,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     if (ids.length === 0) return [];
     const [nowMs, rows] = await commands.retrysafeSummaries(ids.length, ...ids);
     return ids.flatMap((id, i) => {
-      const [state, status, leaseUntilMs, createdAtMs, expiresInMs] = rows[i]!;
+      const [state, status, leaseUntilMs, createdAtMs, expiresInMs, steps] = rows[i]!;
       const record = parseRecordId(id.slice(prefix.length));
       if (!state || !record) return [];
       const completed = state === 'completed';
@@ -432,6 +493,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
           createdAtMs: Number(createdAtMs),
           expiresAtMs: nowMs + expiresInMs,
           leaseUntilMs: completed ? null : Number(leaseUntilMs),
+          ...(steps && { steps: stepsOfJson(steps.slice(1)).steps.map((step) => step.name) }),
         },
       ];
     });
@@ -479,6 +541,44 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       if (!everReady) await connected();
       batchWrites();
       return (await commands.retrysafeRelease(redisKey(scope, key), ownerPrefix(token), channel)) === 1;
+    },
+
+    async saveStep(scope, key, token, step, request) {
+      if (!everReady) await connected();
+      batchWrites();
+      const id = redisKey(scope, key);
+      return (
+        (await commands.retrysafeSaveStep(id, ownerPrefix(token), step.name, step.value, request ?? '')) === 1
+      );
+    },
+
+    // A walk of the whole prefix (SCAN), each batch read in one script: a completer's pass costs
+    // time in the number of records, which Redis deployments of this store keep short-lived.
+    async abandoned(options = {}) {
+      const limit = abandonedLimit('redisStore.abandoned', options);
+      await connected();
+      const found: AbandonedRecord[] = [];
+      let cursor = '0';
+      do {
+        const [following, ids] = await client.scan(
+          cursor,
+          'MATCH',
+          `${globEscape(prefix)}*`,
+          'COUNT',
+          SCAN_COUNT,
+        );
+        cursor = following;
+        if (ids.length === 0) continue;
+        const nowMs = Date.now();
+        const rows = await commands.retrysafeAbandoned(ids.length, ...ids);
+        rows.forEach((row, i) => {
+          const record = row && parseRecordId(ids[i]!.slice(prefix.length));
+          const { request } = row ? stepsOfJson(row[1]) : {};
+          if (!row || !record || request === undefined) return;
+          found.push({ ...record, fingerprint: row[0], request, leaseUntilMs: nowMs - Number(row[2]) });
+        });
+      } while (cursor !== '0');
+      return found.sort((a, b) => a.leaseUntilMs - b.leaseUntilMs).slice(0, limit);
     },
 
     async renew(scope, key, token, leaseMs) {

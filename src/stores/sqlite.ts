@@ -2,6 +2,8 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import type {
+  AbandonedOptions,
+  AbandonedRecord,
   AtomicResult,
   AtomicStore,
   AtomicWorkResult,
@@ -9,11 +11,16 @@ import type {
   ClaimResult,
   KeyPage,
   ListKeysOptions,
+  PhaseStore,
+  SavedStep,
   StoredResponse,
 } from '../core/contract/index.js';
 import { ConfigError, RetrysafeError } from '../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
+  type AbandonedRow,
+  abandonedLimit,
+  abandonedOf,
   expiresAtMs,
   keysetPage,
   listRequest,
@@ -23,6 +30,7 @@ import {
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
+  stepsOf,
   summaryOf,
   Waiters,
 } from './internal.js';
@@ -77,7 +85,7 @@ export interface SqliteStoreOptions {
 }
 
 /** The SQLite store: an {@link AtomicStore} whose transaction handle is the connection itself. */
-export interface SqliteStore extends AtomicStore<Database.Database> {
+export interface SqliteStore extends AtomicStore<Database.Database>, PhaseStore<Database.Database> {
   /** The connection; run the application's own statements on it inside {@link SqliteStore.transaction}. */
   readonly database: Database.Database;
   /**
@@ -181,9 +189,25 @@ export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
   status INTEGER,
   headers TEXT,
   body BLOB,
+  steps TEXT,
+  request TEXT,
   PRIMARY KEY (scope, key))`,
     `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON "${table}" (expires_at_ms)`,
   ];
+}
+
+/** The step columns, added to a table created before steps existed. */
+const STEP_COLUMNS = ['steps', 'request'] as const;
+
+/** `ALTER TABLE` for the step columns a table made by an older release lacks. */
+function addStepColumns(db: Database.Database, table: string): void {
+  const columns = new Set((db.pragma(`table_info("${table}")`) as { name: string }[]).map((c) => c.name));
+  for (const column of STEP_COLUMNS) {
+    if (!columns.has(column)) db.exec(`ALTER TABLE "${table}" ADD COLUMN ${column} TEXT`);
+  }
+  db.exec(
+    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON "${table}" (lease_until_ms) WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
+  );
 }
 
 const OPTION_NAMES = optionNames<SqliteStoreOptions>({
@@ -256,13 +280,14 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   const t = `"${table}"`;
   db.exec(sqliteMigrationSql({ table }).join(';\n'));
+  addStepColumns(db, table);
 
   // A row takes a new claim when its retention has passed (a new operation), or when it is in
   // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
   // Positional parameters: binding them costs a fraction of looking up named ones in an object.
   const claimStatement = db.prepare<
-    [string, string, string, string, number, number, number, number, number],
-    { token: string }
+    [string, string, string, string, number, number, number, number, number, number, number],
+    { token: string; steps: string | null }
   >(`
     INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
     VALUES (?, ?, ?, ?, ?, ?, ?)
@@ -270,22 +295,37 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       fingerprint = excluded.fingerprint, token = excluded.token,
       lease_until_ms = excluded.lease_until_ms, created_at_ms = excluded.created_at_ms,
       expires_at_ms = excluded.expires_at_ms,
-      completed_at_ms = NULL, status = NULL, headers = NULL, body = NULL
+      completed_at_ms = NULL, status = NULL, headers = NULL, body = NULL,
+      steps = CASE WHEN ${t}.expires_at_ms <= ? THEN NULL ELSE ${t}.steps END,
+      request = CASE WHEN ${t}.expires_at_ms <= ? THEN NULL ELSE ${t}.request END
     WHERE ${t}.expires_at_ms <= ?
       OR (${t}.completed_at_ms IS NULL AND ${t}.lease_until_ms <= ?
           AND ${t}.fingerprint = excluded.fingerprint)
-    RETURNING token`);
+    RETURNING token, steps`);
   const selectRecord = db.prepare<[string, string], RecordRow>(
     `SELECT fingerprint, lease_until_ms, expires_at_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
+  );
+  const selectOwner = db.prepare<[string, string, number], { token: string }>(
+    `SELECT token FROM ${t} WHERE scope = ? AND key = ? AND completed_at_ms IS NULL AND expires_at_ms > ?`,
   );
   const selectLease = db.prepare<[string, string], LeaseRow>(
     `SELECT lease_until_ms, completed_at_ms FROM ${t} WHERE scope = ? AND key = ?`,
   );
   // Fenced by the token: a request whose lease was taken over matches no row.
+  // The saved request goes: a completed operation needs no completer.
   const completeStatement = db.prepare<[number, number, string, Uint8Array, string, string, string, number]>(`
-    UPDATE ${t} SET completed_at_ms = ?, status = ?, headers = ?, body = ?
+    UPDATE ${t} SET completed_at_ms = ?, status = ?, headers = ?, body = ?, request = NULL
     WHERE scope = ? AND key = ? AND token = ?
       AND completed_at_ms IS NULL AND expires_at_ms > ?`);
+  const saveStepStatement = db.prepare<[string, string, string | null, string, string, string, number]>(`
+    UPDATE ${t} SET steps = json_insert(coalesce(steps, '[]'), '$[#]', json_object('name', ?, 'value', ?)),
+      request = coalesce(?, request)
+    WHERE scope = ? AND key = ? AND token = ?
+      AND completed_at_ms IS NULL AND expires_at_ms > ?`);
+  const abandonedStatement = db.prepare<[number, number, number], AbandonedRow>(`
+    SELECT scope, key, fingerprint, request, lease_until_ms FROM ${t}
+    WHERE request IS NOT NULL AND completed_at_ms IS NULL AND lease_until_ms <= ? AND expires_at_ms > ?
+    ORDER BY lease_until_ms LIMIT ?`);
   const releaseStatement = db.prepare(`
     DELETE FROM ${t}
     WHERE scope = @scope AND key = @key AND token = @token
@@ -340,8 +380,14 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
       nowMs,
       nowMs,
+      nowMs,
+      nowMs,
     );
-    if (inserted?.token === token) return { outcome: 'acquired', token };
+    if (inserted?.token === token) {
+      return inserted.steps === null
+        ? { outcome: 'acquired', token }
+        : { outcome: 'acquired', token, steps: stepsOf(inserted.steps) };
+    }
     return existing(selectRecord.get(input.scope, input.key)!, input, nowMs);
   }
   // Inside an open transaction (of the application, or a claim from inside `atomic`'s work) a savepoint.
@@ -450,6 +496,25 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       if (db.inTransaction) rollbackStatement.run();
       throw error;
     }
+  }
+
+  function saveStepNow(
+    scope: string,
+    key: string,
+    token: string,
+    step: SavedStep,
+    request?: string,
+  ): boolean {
+    const { changes } = saveStepStatement.run(
+      step.name,
+      step.value,
+      request ?? null,
+      scope,
+      key,
+      token,
+      now(),
+    );
+    return changes === 1;
   }
 
   function completeNow(scope: string, key: string, token: string, response: StoredResponse): boolean {
@@ -583,6 +648,33 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     return done;
   }
 
+  function saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string) {
+    return exclusive(() => saveStepNow(scope, key, token, step, request));
+  }
+
+  // BEGIN IMMEDIATE holds SQLite's write lock from the fence check to the commit: a takeover's
+  // claim (a write) waits for it, and no other process can take the key over in between.
+  function phase(
+    scope: string,
+    key: string,
+    token: string,
+    work: (tx: Database.Database) => Promise<SavedStep>,
+    request?: string,
+  ): Promise<boolean> {
+    return runTransaction(async (connection) => {
+      const owner = selectOwner.get(scope, key, now());
+      if (owner?.token !== token) return { value: false, commit: false };
+      const step = await work(connection);
+      return { value: saveStepNow(scope, key, token, step, request), commit: true };
+    });
+  }
+
+  async function abandoned(options: AbandonedOptions = {}): Promise<AbandonedRecord[]> {
+    const limit = abandonedLimit('sqliteStore.abandoned', options);
+    const nowMs = now();
+    return abandonedStatement.all(nowMs, nowMs, limit).map(abandonedOf);
+  }
+
   async function release(scope: string, key: string, token: string) {
     const done = await exclusive(
       () => releaseStatement.run({ scope, key, token, nowMs: now() }).changes === 1,
@@ -674,6 +766,9 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     claim,
     complete,
     release,
+    saveStep,
+    phase,
+    abandoned,
     renew,
     wait,
     purgeExpired,

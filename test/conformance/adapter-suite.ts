@@ -424,6 +424,8 @@ function brokenStore(kind: 'failing' | 'hanging'): IdempotencyStore {
     claim: fail,
     complete: fail,
     release: fail,
+    saveStep: fail,
+    abandoned: fail,
     renew: fail,
     wait: fail,
     purgeExpired: fail,

@@ -10,8 +10,11 @@ import {
   type ClaimResult,
   type IdempotencyStore,
   isAtomicStore,
+  isPhaseStore,
   type KeyRecordSummary,
   MAX_LIST_LIMIT,
+  type PhaseStore,
+  type SavedStep,
   type StoredResponse,
 } from '../../src/core/contract/index.js';
 import { describeLeaseRenewal } from './lease-suite.js';
@@ -661,6 +664,175 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
           ),
           { numRuns: 60 },
         );
+      });
+    });
+
+    describe('steps', () => {
+      // Opaque to the store: quotes, backslashes, newlines and non-ASCII must come back unchanged.
+      const awkward = '{"a":"line\\nbreak","q":"\\"","u":"é€😀"}\n\\ {}';
+      const step = (name: string, value = `"${name}-result"`) => ({ name, value });
+
+      async function takeOver(input: ClaimInput): Promise<Extract<ClaimResult, { outcome: 'acquired' }>> {
+        await sleep(SHORT_MS * 2);
+        const result = await store.claim(input);
+        if (result.outcome !== 'acquired')
+          throw new Error(`expected acquired, got ${JSON.stringify(result)}`);
+        return result;
+      }
+
+      it('a takeover gets every saved step back, in order, values unchanged; get lists their names', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const token = await acquire(input);
+        expect(await store.saveStep(input.scope, input.key, token, step('recorded'), 'the request')).toBe(
+          true,
+        );
+        expect(await store.saveStep(input.scope, input.key, token, step('charged', awkward))).toBe(true);
+        expect((await store.get(input.scope, input.key))?.steps).toEqual(['recorded', 'charged']);
+        const taken = await takeOver(input);
+        expect(taken.steps).toEqual([step('recorded'), step('charged', awkward)]);
+        expect(await store.saveStep(input.scope, input.key, taken.token, step('paid'))).toBe(true);
+        expect(await store.complete(input.scope, input.key, taken.token, sampleResponse())).toBe(true);
+        expectReplay(await store.claim(input), sampleResponse());
+      });
+
+      it("a stale owner's step save is refused and changes nothing; so is a wrong token's", async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const oldToken = await acquire(input);
+        expect(await store.saveStep(input.scope, input.key, `${oldToken}-not`, step('intruder'))).toBe(false);
+        expect(await store.saveStep(input.scope, input.key, oldToken, step('recorded'), 'request')).toBe(
+          true,
+        );
+        const taken = await takeOver(input);
+        expect(await store.saveStep(input.scope, input.key, oldToken, step('charged'))).toBe(false);
+        expect((await store.get(input.scope, input.key))?.steps).toEqual(['recorded']);
+        expect(await store.saveStep(input.scope, input.key, taken.token, step('charged'))).toBe(true);
+        expect(await store.complete(input.scope, input.key, taken.token, sampleResponse())).toBe(true);
+        expect(await store.saveStep(input.scope, input.key, taken.token, step('late'))).toBe(false);
+        const absent = fresh();
+        expect(await store.saveStep(absent.scope, absent.key, 'token', step('x'))).toBe(false);
+      });
+
+      it('a new operation on the key starts with no steps (released, or retention passed)', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: SHORT_MS });
+        const token = await acquire(input);
+        expect(await store.saveStep(input.scope, input.key, token, step('recorded'))).toBe(true);
+        expect(await store.release(input.scope, input.key, token)).toBe(true);
+        const again = await store.claim(input);
+        expect(again.outcome === 'acquired' && (again.steps ?? [])).toEqual([]);
+        if (again.outcome !== 'acquired') return;
+        expect(await store.saveStep(input.scope, input.key, again.token, step('recorded'))).toBe(true);
+        await sleep(SHORT_MS * 2);
+        const fresher = await store.claim(input);
+        expect(fresher.outcome === 'acquired' && (fresher.steps ?? [])).toEqual([]);
+      });
+
+      it('abandoned lists in-progress records whose lease passed and that saved a request, only those', async () => {
+        const scope = `scope-${randomUUID()}`;
+        const claimOf = (key: string, leaseMs: number) => ({
+          scope,
+          key,
+          fingerprint: `fp-${key}`,
+          leaseMs,
+          ttlMs: 60_000,
+        });
+        const dead = claimOf('dead', SHORT_MS);
+        const live = claimOf('live', 30_000);
+        const noRequest = claimOf('no-request', SHORT_MS);
+        const done = claimOf('done', SHORT_MS);
+        const tokens = await Promise.all([dead, live, noRequest, done].map(acquire));
+        await store.saveStep(scope, 'dead', tokens[0]!, step('recorded'), 'request-dead');
+        await store.saveStep(scope, 'live', tokens[1]!, step('recorded'), 'request-live');
+        await store.saveStep(scope, 'no-request', tokens[2]!, step('recorded'));
+        await store.saveStep(scope, 'done', tokens[3]!, step('recorded'), 'request-done');
+        await store.complete(scope, 'done', tokens[3]!, sampleResponse());
+        await sleep(SHORT_MS * 2);
+        const mine = (await store.abandoned({ limit: MAX_LIST_LIMIT })).filter(
+          (record) => record.scope === scope,
+        );
+        expect(mine.map(({ key, fingerprint, request }) => ({ key, fingerprint, request }))).toEqual([
+          { key: 'dead', fingerprint: 'fp-dead', request: 'request-dead' },
+        ]);
+        expect(mine[0]!.leaseUntilMs).toBeLessThanOrEqual(Date.now() + 1000);
+        await expect(store.abandoned({ limit: 0 })).rejects.toThrow(/limit/);
+      });
+
+      describe('phases (SQL stores)', () => {
+        let phased: PhaseStore;
+        beforeAll(() => {
+          if (isPhaseStore(store)) phased = store;
+        });
+        function skipUnlessPhased(context: { skip: (note?: string) => void }): void {
+          if (!phased) context.skip('not a PhaseStore');
+        }
+        const count = () => subject.atomicProbe?.count() ?? Promise.resolve(0);
+
+        it("commits the work's writes with the saved step; a stale owner's phase runs nothing", async (context) => {
+          skipUnlessPhased(context);
+          const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+          const token = await acquire(input);
+          const before = await count();
+          let runs = 0;
+          const work = async (tx: unknown) => {
+            runs++;
+            await subject.atomicProbe?.write(tx);
+            return step('recorded');
+          };
+          const written = subject.atomicProbe ? 1 : 0;
+          expect(await phased.phase(input.scope, input.key, token, work, 'request')).toBe(true);
+          expect(await count()).toBe(before + written);
+          const taken = await takeOver(input);
+          expect(taken.steps).toEqual([step('recorded')]);
+          expect(await phased.phase(input.scope, input.key, token, work)).toBe(false);
+          expect(runs).toBe(1);
+          expect(await count()).toBe(before + written);
+        });
+
+        it('a phase that throws rolls its writes back and saves nothing', async (context) => {
+          skipUnlessPhased(context);
+          const input = fresh();
+          const token = await acquire(input);
+          const before = await count();
+          const failing = async (tx: unknown): Promise<SavedStep> => {
+            await subject.atomicProbe?.write(tx);
+            throw new Error('provider said no');
+          };
+          await expect(phased.phase(input.scope, input.key, token, failing)).rejects.toThrow(
+            'provider said no',
+          );
+          expect(await count()).toBe(before);
+          expect((await store.get(input.scope, input.key))?.steps).toBeUndefined();
+        });
+
+        it('a takeover waits for an open phase and then gets its step', async (context) => {
+          skipUnlessPhased(context);
+          const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+          const token = await acquire(input);
+          const order: string[] = [];
+          let entered!: () => void;
+          const inside = new Promise<void>((resolve) => (entered = resolve));
+          let finish!: () => void;
+          const finished = new Promise<void>((resolve) => (finish = resolve));
+          const phase = phased.phase(input.scope, input.key, token, async (tx) => {
+            await subject.atomicProbe?.write(tx);
+            entered();
+            await finished;
+            order.push('phase done');
+            return step('recorded');
+          });
+          await inside;
+          await sleep(SHORT_MS * 2);
+          // The lease has passed: the retry's claim blocks on the record until the phase commits.
+          const claimed = store.claim(input).then((result) => {
+            order.push('claimed');
+            return result;
+          });
+          await sleep(SHORT_MS);
+          finish();
+          expect(await phase).toBe(true);
+          const result = await claimed;
+          expect(order).toEqual(['phase done', 'claimed']);
+          expect(result.outcome === 'acquired' && result.steps).toEqual([step('recorded')]);
+        });
       });
     });
 

@@ -64,6 +64,7 @@ function render() {
         cell(shortScope(record.scope), { className: 'mono', title: record.scope }),
         cell(record.state === 'completed' ? 'completed' : 'in progress'),
         cell(record.status === null ? '—' : String(record.status)),
+        cell(record.steps?.length ? record.steps.join(' → ') : '—'),
         cell(new Date(record.createdAtMs).toLocaleString()),
         cell(duration(record.expiresAtMs - nowMs)),
         cell(record.leaseUntilMs === null ? '—' : duration(record.leaseUntilMs - nowMs)),

@@ -58,3 +58,17 @@ export class IdempotencyError extends RetrysafeError {
 export function isIdempotencyError(value: unknown): value is IdempotencyError {
   return value instanceof Error && value.name === 'IdempotencyError' && 'code' in value && 'status' in value;
 }
+
+/**
+ * Thrown by `ctx.step` and `ctx.phase` when the store refused the step's save: another request
+ * took the key over (this handler's lease was lost). The handler should stop; the engine then
+ * answers the request as it answers a handler that finished after a takeover.
+ */
+export class StepFencedError extends RetrysafeError {
+  override name = 'StepFencedError';
+}
+
+/** Whether `value` is a {@link StepFencedError}, also one from another copy of the package. */
+export function isStepFenced(value: unknown): value is StepFencedError {
+  return value instanceof Error && value.name === 'StepFencedError';
+}

@@ -67,7 +67,35 @@ export interface WaitedEvent extends RequestEvent {
  */
 export interface FencedEvent extends RequestEvent {
   type: 'fenced';
-  step: 'complete' | 'release';
+  /** The store call refused: `step` is a step's save (`ctx.step` or `ctx.phase`). */
+  step: 'complete' | 'release' | 'step';
+}
+
+/** A step finished and its result was saved on the record (`ctx.step`, or `ctx.phase` with `phase: true`). */
+export interface StepSavedEvent extends RequestEvent {
+  type: 'step_saved';
+  /** The step's name. */
+  name: string;
+  /** Whether it ran as a phase: its writes committed with the saved result. */
+  phase: boolean;
+  /** Time the step took, its work and its save. */
+  stepMs: number;
+}
+
+/** A step had finished before (this operation was taken over): its saved result answered, `fn` not run. */
+export interface StepReplayedEvent extends RequestEvent {
+  type: 'step_replayed';
+  name: string;
+}
+
+/**
+ * A completer took over an abandoned operation to finish it from its saved request; the
+ * `executed` (or `released`) event of the re-driven handler follows.
+ */
+export interface ResumedEvent extends RequestEvent {
+  type: 'resumed';
+  /** How many of its steps had finished before. */
+  finishedSteps: number;
 }
 
 /** A running handler's lease was renewed. */
@@ -86,7 +114,7 @@ export interface LeaseLostEvent extends RequestEvent {
  */
 export interface StoreErrorEvent extends RequestEvent {
   type: 'store_error';
-  operation: 'claim' | 'complete' | 'release' | 'wait' | 'renew' | 'atomic';
+  operation: 'claim' | 'complete' | 'release' | 'wait' | 'renew' | 'atomic' | 'step';
   /** What the store threw (or the timeout error). */
   error: unknown;
 }
@@ -112,6 +140,9 @@ export type IdempotencyEvent =
   | ConflictEvent
   | WaitedEvent
   | FencedEvent
+  | StepSavedEvent
+  | StepReplayedEvent
+  | ResumedEvent
   | LeaseRenewedEvent
   | LeaseLostEvent
   | StoreErrorEvent
@@ -122,8 +153,8 @@ export type IdempotencyEventType = IdempotencyEvent['type'];
 
 /**
  * What an event is counted by besides its type, for metrics: why it was released or rejected
- * (`reason`), how a wait ended (`result`), which store call failed (`operation`), which step was
- * fenced (`step`); `undefined` for the other types.
+ * (`reason`), how a wait ended (`result`), which store call failed (`operation`), which call was
+ * fenced or which step was saved or replayed (`step`); `undefined` for the other types.
  * @example
  * onEvent: (event) => outcomes.inc({ outcome: event.type, reason: eventDetail(event)?.value ?? '' })
  */
@@ -140,6 +171,9 @@ export function eventDetail(
       return { name: 'operation', value: event.operation };
     case 'fenced':
       return { name: 'step', value: event.step };
+    case 'step_saved':
+    case 'step_replayed':
+      return { name: 'step', value: event.name };
     default:
       return undefined;
   }

@@ -37,10 +37,47 @@ export interface ClaimInput {
  * - `in_progress`: another owner holds a live lease; `retryAfterMs` is the time left on it.
  */
 export type ClaimResult =
-  | { outcome: 'acquired'; token: string }
+  | {
+      outcome: 'acquired';
+      token: string;
+      /**
+       * The operation's finished steps, in the order they were saved, when this claim took over a
+       * record whose owner saved some and then died or gave up; absent (or empty) otherwise.
+       */
+      steps?: readonly SavedStep[];
+    }
   | { outcome: 'replay'; response: StoredResponse }
   | { outcome: 'mismatch' }
   | { outcome: 'in_progress'; retryAfterMs: number };
+
+/** A finished step as a store keeps it: its name and its result as the engine encoded it. */
+export interface SavedStep {
+  name: string;
+  /** Opaque to the store: JSON text, or sealed with `encryptionKey` (base64). */
+  value: string;
+}
+
+/**
+ * An in-progress record whose lease has passed and that carries the request it was claimed for
+ * (saved with its first step), so that a completer can re-drive it: `Idempotency.resume`.
+ */
+export interface AbandonedRecord {
+  scope: string;
+  key: string;
+  fingerprint: string;
+  /** The saved request, as the engine encoded it (opaque to the store). */
+  request: string;
+  leaseUntilMs: number;
+}
+
+/** What `IdempotencyStore.abandoned` is asked for. */
+export interface AbandonedOptions {
+  /**
+   * The most records returned, 1 to {@link MAX_LIST_LIMIT}.
+   * @default 100
+   */
+  limit?: number;
+}
 
 /** The most records one `list` page may hold. */
 export const MAX_LIST_LIMIT = 1000;
@@ -73,6 +110,8 @@ export interface KeyRecordSummary {
    * retry may take the key over); `null` once completed.
    */
   leaseUntilMs: number | null;
+  /** The names of the operation's finished steps, in the order they were saved; absent when none. */
+  steps?: string[];
 }
 
 /** One page of `IdempotencyStore.list`. */
@@ -98,6 +137,18 @@ export interface IdempotencyStore {
   complete(scope: string, key: string, token: string, response: StoredResponse): Promise<boolean>;
   /** Deletes the in-progress record so a retry runs again; `false` when `token` no longer owns it. */
   release(scope: string, key: string, token: string): Promise<boolean>;
+  /**
+   * Saves one finished step of the operation `token` owns, in one write, fenced like `complete`:
+   * `false` (and nothing written) when `token` no longer owns an in-progress record. `request`,
+   * given with an operation's first step, is kept with the record for {@link abandoned}. A later
+   * claim that takes the record over gets every saved step back (`ClaimResult.steps`).
+   */
+  saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string): Promise<boolean>;
+  /**
+   * In-progress records whose lease has passed and that carry a saved request, oldest lease first:
+   * work whose owner died, for a completer to finish. Retention not passed.
+   */
+  abandoned(options?: AbandonedOptions): Promise<AbandonedRecord[]>;
   /**
    * Extends the owner's lease to `leaseMs` from now (and the record's retention with it, should the
    * lease outlive it), so a handler that runs long keeps its claim. `false` (and nothing written)
@@ -157,6 +208,31 @@ export type AtomicResult =
  */
 export interface AtomicStore<Tx = unknown> extends IdempotencyStore {
   atomic(input: ClaimInput, work: (tx: Tx) => Promise<AtomicWorkResult>): Promise<AtomicResult>;
+}
+
+/**
+ * A SQL store that runs a step's own writes (through `tx`), the step's saved result and a lock on
+ * the key's record in one transaction: `IdempotencyContext.phase`.
+ */
+export interface PhaseStore<Tx = unknown> extends IdempotencyStore {
+  /**
+   * Locks the record of `(scope, key)` (a takeover waits for the lock), checks that `token` still
+   * owns it in progress, runs `work(tx)` and saves its step (`work`'s answer) in the same
+   * transaction. `false` (rolled back, `work` not run) when `token` no longer owns the record; a
+   * throw from `work` rolls back and is rethrown.
+   */
+  phase(
+    scope: string,
+    key: string,
+    token: string,
+    work: (tx: Tx) => Promise<SavedStep>,
+    request?: string,
+  ): Promise<boolean>;
+}
+
+/** Whether `store` offers `phase`, which `IdempotencyContext.phase` needs. */
+export function isPhaseStore(store: IdempotencyStore): store is PhaseStore {
+  return typeof (store as Partial<PhaseStore>).phase === 'function';
 }
 
 /** Whether `store` offers `atomic`, which `mode: 'atomic'` needs. */

@@ -1,4 +1,4 @@
-import type { IdempotencyError, StoredResponse } from '../contract/index.js';
+import type { AbandonedRecord, IdempotencyError, StoredResponse } from '../contract/index.js';
 import type { IncomingRequest } from '../request/index.js';
 import type { CapturedResponse, ResponseCollector } from '../response/index.js';
 
@@ -13,6 +13,41 @@ export interface IdempotencyContext<Tx = unknown> {
   tx: Tx | undefined;
   /** A key for a downstream provider derived from ours, so its retries are idempotent too. */
   downstreamKey(purpose: string): string;
+  /**
+   * Runs `fn` at most once per operation (lease mode): its JSON result is saved on the key's
+   * record, fenced by the owner token, before `step` resolves with it. A retry (or the completer)
+   * that takes the key over after a crash gets a finished step's saved result without running
+   * `fn` and goes on at the first unfinished step. A step whose `fn` throws is not saved; the
+   * key is then left for a retry that resumes at that step. Rejects with {@link StepFencedError}
+   * when another request took the key over. A name already finished answers its saved result.
+   * @example
+   * const fine = await idem.step('recorded', () => insertFine(member, amount));
+   * const charge = await idem.step('charged', () => provider.charge(fine, idem.stepKey('charged')));
+   */
+  step<T>(name: string, fn: () => T | Promise<T>): Promise<T>;
+  /**
+   * A SQL store's step whose work is in the store's own database: `fn`'s writes through `tx`,
+   * the saved result and a lock on the key's record commit in one transaction, so the phase is
+   * exactly-once even if the process dies inside it, and a dead owner's phase never commits after
+   * its key was taken over. Needs a store with `phase` (SQLite, PostgreSQL).
+   * @example
+   * await idem.phase('paid', (db) => db.prepare('UPDATE fine SET status = ? WHERE id = ?').run('paid', id));
+   */
+  phase<T>(name: string, fn: (tx: Tx) => T | Promise<T>): Promise<T>;
+  /** The provider's `Idempotency-Key` for step `name`: `downstreamKey('step:' + name)`. */
+  stepKey(name: string): string;
+}
+
+/** The request saved with an operation's first step, as a completer re-drives it. */
+export interface ResumedRequest {
+  method: string;
+  /** Path and query string. */
+  path: string;
+  contentType: string | undefined;
+  /** The body the fingerprint was taken of (a parsed body: its JSON text). */
+  body: Uint8Array;
+  scope: string;
+  key: string;
 }
 
 /**
@@ -35,6 +70,16 @@ export interface Idempotency<Req = unknown, Tx = unknown> {
   readonly keyHeader: string | undefined;
   readonly maxBodyBytes: number;
   readonly maxResponseBytes: number;
+  /**
+   * Re-drives an abandoned record (`IdempotencyStore.abandoned`) from its saved request: claims it
+   * with the normal fencing (only one of many completers acquires it) and, when acquired, runs
+   * `run` as a handler of that request with its finished steps; the answer is saved as a
+   * handler's would be. `undefined` when the saved request cannot be read (wrong `encryptionKey`).
+   */
+  resume(
+    record: AbandonedRecord,
+    run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+  ): Promise<Outcome | undefined>;
   /** Runs one request through the state machine; `run` invokes the handler and captures its response. */
   handle(
     request: IncomingRequest<Req>,

@@ -3,7 +3,7 @@ import type { ResolvedOptions } from '../options/index.js';
 import type { CapturedResponse } from '../response/index.js';
 import { responseTooLarge, storeDown, toStored } from '../response/index.js';
 import type { IdempotencyContext, Outcome } from './adapter-contract.js';
-import { handlerContext } from './handler-context.js';
+import { atomicSteps, handlerContext } from './handler-context.js';
 import type { EngineEvents } from './outcomes.js';
 
 /**
@@ -34,7 +34,7 @@ export function atomicRunner<Req, Tx>(
       const result = await (store as AtomicStore<Tx>).atomic(claim, async (tx) => {
         const handlerStartMs = emit ? performance.now() : 0;
         try {
-          captured = await run(handlerContext(claim, tx));
+          captured = await run(handlerContext(claim, tx, atomicSteps(tx)));
         } catch (error) {
           handlerFailed = true;
           handlerError = error;

@@ -1,4 +1,4 @@
-import type { ClaimInput, IdempotencyStore } from '../contract/index.js';
+import type { AbandonedRecord, ClaimInput, IdempotencyStore } from '../contract/index.js';
 import { isIdempotencyError, safeListener } from '../contract/index.js';
 import type { IdempotencyOptions } from '../options/index.js';
 import { resolveOptions } from '../options/index.js';
@@ -15,11 +15,12 @@ import {
   render,
   storeDown,
 } from '../response/index.js';
-import type { Idempotency, IdempotencyContext, Outcome } from './adapter-contract.js';
+import type { Idempotency, IdempotencyContext, Outcome, ResumedRequest } from './adapter-contract.js';
 import { atomicRunner } from './atomic-mode.js';
 import { deadlineGuard } from './deadline.js';
 import { leasedRunner } from './lease-mode.js';
 import { engineEvents, waitResultOf } from './outcomes.js';
+import { stepCodec } from './steps.js';
 
 const PASS: Outcome = Object.freeze({ kind: 'pass' });
 
@@ -48,6 +49,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
 
   const runLeased = leasedRunner<Req, Tx>(config, emit, guard, events);
   const runAtomic = atomicRunner<Req, Tx>(config, emit, events);
+  const codec = stepCodec(config.cipher);
 
   async function handle(
     request: IncomingRequest<Req>,
@@ -140,7 +142,22 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         switch (result.outcome) {
           case 'acquired':
             waited(claim, waitingSinceMs, 'acquired');
-            return runLeased(claim, result.token, run, storeMs, claimedMs, request.acceptEncoding);
+            return runLeased(
+              claim,
+              result.token,
+              run,
+              storeMs,
+              claimedMs,
+              request.acceptEncoding,
+              result.steps,
+              () =>
+                codec.encodeRequest({
+                  method: request.method,
+                  path: request.path,
+                  contentType: request.contentType,
+                  body: body instanceof Uint8Array ? body : body.parsed,
+                }),
+            );
           case 'replay':
             waited(claim, waitingSinceMs, 'replayed');
             return replayOrError(result.response, claim, storeMs, request.acceptEncoding);
@@ -168,9 +185,56 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     }
   }
 
+  async function resume(
+    record: AbandonedRecord,
+    run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+  ): Promise<Outcome | undefined> {
+    let request: ResumedRequest;
+    try {
+      request = codec.decodeRequest(record.request, record.scope, record.key);
+    } catch {
+      return undefined;
+    }
+    const claim: ClaimInput = {
+      scope: record.scope,
+      key: record.key,
+      fingerprint: record.fingerprint,
+      leaseMs: config.leaseMs,
+      ttlMs: config.ttlMs,
+      timeoutMs: config.storeTimeoutMs,
+    };
+    const startMs = performance.now();
+    const result = await guard(store.claim(claim), startMs);
+    const claimedMs = performance.now();
+    switch (result.outcome) {
+      case 'acquired':
+        if (emit) {
+          const { key, scope } = claim;
+          emit({ type: 'resumed', key, scope, finishedSteps: result.steps?.length ?? 0 });
+        }
+        return runLeased(
+          claim,
+          result.token,
+          (ctx) => run(ctx, request),
+          claimedMs - startMs,
+          claimedMs,
+          undefined,
+          result.steps,
+          undefined,
+        );
+      case 'replay':
+        return replayOrError(result.response, claim, claimedMs - startMs, undefined);
+      case 'mismatch':
+        return conflictOf(claim, claimedMs - startMs);
+      case 'in_progress':
+        return { kind: 'rejected', error: inProgress(claim.key, result.retryAfterMs) };
+    }
+  }
+
   return {
     mode,
     keyHeader: config.keyHeader,
+    resume,
     maxBodyBytes: config.maxBodyBytes,
     maxResponseBytes: config.maxResponseBytes,
     handle,

@@ -6,6 +6,8 @@ interface HeldLease {
   key: string;
   token: string;
   renewAtMs: number;
+  /** The renewal on its way to the store, if any (it never rejects). */
+  renewing?: Promise<void>;
 }
 
 /**
@@ -32,7 +34,7 @@ export function leaseKeeper(
       if (lease.renewAtMs > now) continue;
       lease.renewAtMs = now + renewEveryMs;
       // A failed renewal is simply sent again when the next one is due.
-      Promise.resolve()
+      lease.renewing = Promise.resolve()
         .then(() => store.renew(lease.scope, lease.key, lease.token, leaseMs))
         .then(
           (renewed) => {
@@ -61,8 +63,13 @@ export function leaseKeeper(
       }
       return lease;
     },
-    drop(lease: HeldLease): void {
+    /**
+     * Renews `lease` no more. Resolves once a renewal already on its way has answered, so that a
+     * write after it (ending the lease) is not undone by it.
+     */
+    drop(lease: HeldLease): Promise<void> | undefined {
       held.delete(lease);
+      return lease.renewing;
     },
   };
 }

@@ -3,8 +3,10 @@ import type {
   ClaimResult,
   IdempotencyEventListener,
   ReleasedEvent,
+  SavedStep,
   StoredResponse,
 } from '../contract/index.js';
+import { isStepFenced } from '../contract/index.js';
 import type { ResolvedOptions } from '../options/index.js';
 import type { CapturedResponse } from '../response/index.js';
 import { inProgress, toStored } from '../response/index.js';
@@ -13,6 +15,7 @@ import type { deadlineGuard } from './deadline.js';
 import { handlerContext } from './handler-context.js';
 import { leaseKeeper } from './lease-keeper.js';
 import type { EngineEvents } from './outcomes.js';
+import { leasedSteps, stepCodec } from './steps.js';
 
 /**
  * Lease mode's step once the key is claimed: runs the handler while its lease is renewed, then
@@ -27,20 +30,32 @@ export function leasedRunner<Req, Tx>(
   const { store, leaseMs, storeStatus } = config;
   const { storeFailed, replayOrError, conflictOf } = events;
   const leases = leaseKeeper(store, leaseMs, emit);
+  const codec = stepCodec(config.cipher);
 
-  /** Frees the key after the handler ran (or threw) and reports why; `storeMs` is the claims' time. */
+  /**
+   * Frees the key after the handler ran (or threw) and reports why; `storeMs` is the claims' time.
+   * An operation with finished steps keeps its record (a release would lose them): its lease is
+   * ended instead, so the retry, or the completer, takes it over and resumes at the next step.
+   */
   async function release(
     claim: ClaimInput,
     token: string,
+    keepSteps: boolean,
     reason: ReleasedEvent['reason'],
     status: number | undefined,
     handlerMs: number,
     storeMs: number,
+    renewing: Promise<void> | undefined,
   ): Promise<void> {
+    // A renewal landing after the lease was ended would hold the key for another lease.
+    if (keepSteps && renewing) await renewing;
     const startMs = performance.now();
     let released: boolean | undefined;
     try {
-      released = await guard(store.release(claim.scope, claim.key, token), startMs);
+      const freeing = keepSteps
+        ? store.renew(claim.scope, claim.key, token, 1)
+        : store.release(claim.scope, claim.key, token);
+      released = await guard(freeing, startMs);
     } catch (error) {
       storeFailed('release', claim, error);
     }
@@ -58,26 +73,33 @@ export function leasedRunner<Req, Tx>(
     storeMs: number,
     startMs: number,
     acceptEncoding: string | undefined,
+    finished: readonly SavedStep[] | undefined,
+    request: (() => string) | undefined,
   ): Promise<Outcome> {
     const lease = leases.hold(claim.scope, claim.key, token, startMs);
+    const steps = leasedSteps<Tx>(store, codec, guard, emit, claim, token, finished, request);
     let response: CapturedResponse;
     try {
-      response = await run(handlerContext<Tx>(claim, undefined));
+      response = await run(handlerContext<Tx>(claim, undefined, steps));
     } catch (error) {
-      leases.drop(lease);
+      const renewing = leases.drop(lease);
+      // A step's save was refused: the request that took the key over answers for it.
+      if (isStepFenced(error)) return { kind: 'rejected', error: inProgress(claim.key, leaseMs) };
       // The handler failed: free the key so the client's retry runs again, then let the
       // framework answer the error as it would without us.
       await release(
         claim,
         token,
+        steps.hasFinished(),
         'handler_threw',
         undefined,
         emit ? performance.now() - startMs : 0,
         storeMs,
+        renewing,
       );
       throw error;
     }
-    leases.drop(lease);
+    const renewing = leases.drop(lease);
     const handlerEndMs = performance.now();
     const handlerMs = handlerEndMs - startMs;
     if (response.complete && storeStatus(response.status)) {
@@ -98,7 +120,7 @@ export function leasedRunner<Req, Tx>(
       }
     } else {
       const reason = response.complete ? 'not_stored' : 'response_too_large';
-      await release(claim, token, reason, response.status, handlerMs, storeMs);
+      await release(claim, token, steps.hasFinished(), reason, response.status, handlerMs, storeMs, renewing);
     }
     return { kind: 'executed', response };
   }
