@@ -20,8 +20,10 @@ node_timeout_ms=1000
 cli() { redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
 up() { cli "$1" ping 2>/dev/null | grep -q PONG; }
 state_ok() { cli "$1" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
+# A master, or a replica that has synced with its master (only that one can take over from it).
+synced() { cli "$1" info replication 2>/dev/null | grep -q 'role:master\|master_link_status:up'; }
 all_ok() {
-  for port in $ports; do state_ok "$port" || return 1; done
+  for port in $ports; do state_ok "$port" && synced "$port" || return 1; done
   # Six nodes, none failed or still handshaking: a restarted node has rejoined.
   local nodes
   nodes=$(cli "$base" cluster nodes) || return 1
