@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, describe, expect, it } from 'vitest';
-import type { ClaimInput, IdempotencyStore, StoredResponse } from '../../src/core/types.js';
+import type { ClaimInput, IdempotencyStore, StoredResponse } from '../../src/core/index.js';
 import { type RedisStoreOptions, redisStore } from '../../src/stores/redis.js';
 import {
   clusterClient,
