@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { type CapturedResponse, createIdempotency } from '../src/core/index.js';
-import { redisStore } from '../src/stores/redis.js';
+import { ReplicationError, redisStore } from '../src/stores/redis.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { postRequest } from './support/engine-request.js';
 import {
@@ -92,6 +92,37 @@ describe.skipIf(!hasRedisCluster)('redis cluster', () => {
       await store.close();
       await deleteClusterKeys(client, prefix);
       await client.quit();
+    }
+  });
+
+  it('durability: a claim confirmed by fewer replicas than asked fails and is released; one confirmed succeeds', async () => {
+    const prefix = `${uniqueName('rs_cluster_wait')}:`;
+    const claim = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 5000, ttlMs: 60_000 };
+    // Each master has one replica: two never confirm.
+    const wanting = redisStore({
+      clusterNodes: REDIS_CLUSTER_NODES,
+      prefix,
+      durability: { replicas: 2, timeoutMs: 100 },
+    });
+    const durable = redisStore({
+      clusterNodes: REDIS_CLUSTER_NODES,
+      prefix,
+      durability: { replicas: 1, timeoutMs: 2000 },
+    });
+    try {
+      await expect(wanting.claim(claim)).rejects.toThrow(ReplicationError);
+      expect(await durable.get('s', 'k')).toBeUndefined();
+      const claimed = await durable.claim(claim);
+      if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+      const saved = { status: 201, headers: {}, body: Buffer.from('ok') };
+      expect(await durable.complete('s', 'k', claimed.token, saved)).toBe(true);
+      expect((await durable.claim(claim)).outcome).toBe('replay');
+    } finally {
+      await wanting.close();
+      await durable.close();
+      const admin = clusterClient();
+      await deleteClusterKeys(admin, prefix);
+      await admin.quit();
     }
   });
 
