@@ -13,6 +13,7 @@ const USAGE = `Usage:
 
   <store> is --database-url <url> [--schema <name>] [--table <name>]
           or --redis-url <url> [--prefix <prefix>]
+          or --redis-cluster <host:port,...> [--prefix <prefix>]
 
   --database-url  a postgres:// (or postgresql://) URL, or the path of a SQLite file ending
                   .db, .sqlite or .sqlite3; anything else is refused. Defaults to the
@@ -20,6 +21,7 @@ const USAGE = `Usage:
   --schema        PostgreSQL schema of the table (default: public)
   --table         table of the records (default: idempotency_keys)
   --redis-url     a redis:// (or rediss://) URL, for keys kept in Redis
+  --redis-cluster seed nodes of a Redis Cluster, comma-separated; keys list walks every master
   --prefix        the Redis store's key prefix (default: retrysafe:)
   --batch-size    records deleted per statement by purge (default: 1000; SQLite 200)
   --print         print the SQL of migrate instead of running it, for your own migration tool
@@ -72,6 +74,8 @@ interface Target {
 interface StoreArgs {
   databaseUrl?: string;
   redisUrl?: string;
+  /** `host:port,host:port`: seed nodes of a Redis Cluster. */
+  redisCluster?: string;
   schema?: string;
   table?: string;
   prefix?: string;
@@ -82,14 +86,18 @@ interface StoreArgs {
  * refuses a file, schema or table that does not exist, so a typo fails instead of making one.
  */
 async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs): Promise<Target> {
-  const { databaseUrl, redisUrl, schema, table, prefix } = args;
+  const { databaseUrl, redisUrl, redisCluster, schema, table, prefix } = args;
   // Imported on demand: a SQLite user need not install pg or ioredis, and so on.
-  if (redisUrl !== undefined) {
+  if (redisUrl !== undefined || redisCluster !== undefined) {
     if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
     if (table !== undefined) throw new UsageError('--table applies to SQLite and PostgreSQL only');
     await driver(() => import('ioredis'), 'ioredis');
     const { redisStore } = await import('./stores/redis.js');
-    const store = redisStore({ url: redisUrl, prefix });
+    const clusterNodes = redisCluster?.split(',').filter((node) => node !== '');
+    if (clusterNodes?.length === 0)
+      throw new UsageError('--redis-cluster needs host:port of one node or more');
+    const store =
+      redisUrl !== undefined ? redisStore({ url: redisUrl, prefix }) : redisStore({ clusterNodes, prefix });
     return { store, migrate: async () => {}, label: `prefix ${prefix ?? 'retrysafe:'}` };
   }
   if (prefix !== undefined) throw new UsageError('--prefix applies to Redis only');
@@ -250,6 +258,7 @@ async function main(argv: string[]): Promise<void> {
     options: {
       'database-url': { type: 'string' },
       'redis-url': { type: 'string' },
+      'redis-cluster': { type: 'string' },
       schema: { type: 'string' },
       table: { type: 'string' },
       prefix: { type: 'string' },
@@ -273,17 +282,17 @@ async function main(argv: string[]): Promise<void> {
     return;
   }
   const [command, ...rest] = positionals;
+  const redis = values['redis-url'] ?? values['redis-cluster'];
   const stores: StoreArgs = {
-    databaseUrl:
-      values['database-url'] ?? (values['redis-url'] ? undefined : process.env.DATABASE_URL || undefined),
+    databaseUrl: values['database-url'] ?? (redis ? undefined : process.env.DATABASE_URL || undefined),
     redisUrl: values['redis-url'],
+    redisCluster: values['redis-cluster'],
     schema: values.schema,
     table: values.table,
     prefix: values.prefix,
   };
-  if (stores.databaseUrl !== undefined && stores.redisUrl !== undefined) {
-    throw new UsageError('give --database-url or --redis-url, not both');
-  }
+  const named = [stores.databaseUrl, stores.redisUrl, stores.redisCluster].filter((s) => s !== undefined);
+  if (named.length > 1) throw new UsageError('give one of --database-url, --redis-url or --redis-cluster');
   const only = (allowed: boolean, option: string, where: string) => {
     if (!allowed) throw new UsageError(`${option} applies to ${where} only`);
   };
@@ -315,8 +324,8 @@ async function main(argv: string[]): Promise<void> {
       after: values.after,
       json: values.json === true,
     };
-    if (stores.databaseUrl === undefined && stores.redisUrl === undefined) {
-      throw new UsageError('keys needs --database-url (or DATABASE_URL) or --redis-url');
+    if (named.length === 0) {
+      throw new UsageError('keys needs --database-url (or DATABASE_URL), --redis-url or --redis-cluster');
     }
     const target = await openStore('keys', stores);
     try {
@@ -332,6 +341,7 @@ async function main(argv: string[]): Promise<void> {
   }
   if (rest.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(rest[0])}`);
   only(stores.redisUrl === undefined, '--redis-url', 'keys');
+  only(stores.redisCluster === undefined, '--redis-cluster', 'keys');
   if (!stores.databaseUrl) throw new UsageError('--database-url (or DATABASE_URL) is required');
   if (values.print) {
     console.log(`${(await migrationSql(stores.databaseUrl, values.schema, values.table)).join(';\n\n')};`);

@@ -19,6 +19,12 @@ import type { IdempotencyStore } from '../src/core/contract/index.js';
 import { postgresStore } from '../src/stores/postgres.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
+import {
+  clusterClient,
+  deleteClusterKeys,
+  hasRedisCluster,
+  REDIS_CLUSTER_NODES,
+} from './support/redis-cluster.js';
 import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
@@ -503,6 +509,22 @@ describe('retrysafe keys', () => {
           for await (const keys of admin.scanStream({ match: `${prefix}*`, count: 500 })) {
             if ((keys as string[]).length > 0) await admin.del(...(keys as string[]));
           }
+          await admin.quit();
+        },
+      };
+    }, 'scan');
+  });
+
+  // Keys on every master: list walks them all.
+  describe.skipIf(!hasRedisCluster)('on Redis Cluster', () => {
+    describeKeysCommands(async () => {
+      const prefix = `${uniqueName('rs_cli_cluster')}:`;
+      return {
+        args: ['--redis-cluster', REDIS_CLUSTER_NODES.slice(0, 2).join(','), '--prefix', prefix],
+        store: redisStore({ clusterNodes: REDIS_CLUSTER_NODES, prefix }),
+        async cleanup() {
+          const admin = clusterClient();
+          await deleteClusterKeys(admin, prefix);
           await admin.quit();
         },
       };

@@ -38,7 +38,10 @@ describe.skipIf(!hasRedis)('redis', () => {
   });
 
   it('rejects bad options naming the option', () => {
-    expect(() => redisStore({} as never)).toThrow(/`client` or `url`/);
+    expect(() => redisStore({} as never)).toThrow(/`client`, `url` or `clusterNodes`/);
+    expect(() => redisStore({ url: REDIS_URL, durability: { replicas: 0, timeoutMs: 100 } })).toThrow(
+      /`durability.replicas`/,
+    );
     expect(() => redisStore({ url: REDIS_URL, commandTimeoutMs: -1 })).toThrow(/`commandTimeoutMs`/);
   });
 

@@ -1,4 +1,4 @@
-import { Redis } from 'ioredis';
+import { Cluster, Redis } from 'ioredis';
 import type {
   AbandonedRecord,
   ClaimResult,
@@ -22,23 +22,41 @@ import {
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
 
-/** Options of {@link redisStore}: one of `client` or `url`. */
+/** Options of {@link redisStore}: one of `client`, `url` or `clusterNodes`. */
 export interface RedisStoreOptions {
   /**
-   * An ioredis client to use; the store defines its scripts on it and never closes it, and the
-   * commands sent on it in one turn of the event loop (the caller's too) go out in one write.
-   * Give it a `commandTimeout` (or `maxRetriesPerRequest` and `enableOfflineQueue: false`) so
-   * commands reject while Redis is down instead of queueing. One of `client`/`url`.
+   * An ioredis client to use, one Redis or a Redis Cluster; the store defines its scripts on it and
+   * never closes it, and the commands sent on it in one turn of the event loop (the caller's too)
+   * go out in one write per node. Give it a `commandTimeout` (a Cluster: in `redisOptions`) so
+   * commands reject while Redis is down instead of queueing. One of `client`/`url`/`clusterNodes`.
    * @default undefined
    * @example client: new Redis({ commandTimeout: 2000 })
    */
-  client?: Redis;
+  client?: Redis | Cluster;
   /**
    * A `redis://` URL; the store then owns a client built with the timeouts below.
    * @default undefined
    * @example url: 'redis://127.0.0.1:6379'
    */
   url?: string;
+  /**
+   * Seed nodes (`host:port`) of a Redis Cluster; the store then owns a Cluster client built with
+   * the timeouts below, which finds the other nodes by itself.
+   * @default undefined
+   * @example clusterNodes: ['10.0.0.1:6379', '10.0.0.2:6379']
+   */
+  clusterNodes?: string[];
+  /**
+   * After a claim and after a saved response, wait (Redis `WAIT`) until `replicas` replicas of the
+   * key's master hold the write, at most `timeoutMs`. A claim they do not confirm in time is
+   * released and fails ({@link ReplicationError}: the engine answers 503, the client retries); a
+   * save they do not confirm fails after it was made (the response is still sent; should the
+   * master then fail over, the key reads in progress until its lease passes). Without it a claim
+   * lost in a failover's replication gap lets a retry run the work again.
+   * @default undefined (no WAIT)
+   * @example durability: { replicas: 1, timeoutMs: 500 }
+   */
+  durability?: { replicas: number; timeoutMs: number };
   /**
    * Prepended to every key the store writes and to its pub/sub channel.
    * @default 'retrysafe:'
@@ -281,7 +299,7 @@ const globEscape = (text: string) => text.replace(/[*?[\]\\]/g, '\\$&');
 /** Reconnect attempts back off to this, so a restarted Redis is used again within half a second. */
 const MAX_RECONNECT_DELAY_MS = 500;
 
-function firstReady(client: Redis, timeoutMs: number): Promise<void> {
+function firstReady(client: Redis | Cluster, timeoutMs: number): Promise<void> {
   return new Promise((resolve, reject) => {
     const timer = setTimeout(() => {
       client.off('ready', onReady);
@@ -305,19 +323,19 @@ function firstReady(client: Redis, timeoutMs: number): Promise<void> {
  * syscall, and Redis a read, instead of one each (node-redis batches so by default; ioredis writes
  * every command at once). Commands a caller sends on a shared client in that turn go out with ours.
  */
-function writesPerTurn(client: Redis): () => void {
-  let corked: Redis['stream'] | undefined;
+function writesPerTurn(client: Redis | Cluster): () => void {
+  let corked: Redis['stream'][] | undefined;
   const uncork = () => {
-    const stream = corked;
+    const streams = corked;
     corked = undefined;
-    stream?.uncork();
+    for (const stream of streams ?? []) stream.uncork();
   };
   return () => {
     if (corked !== undefined) return;
-    const { stream } = client;
-    if (!stream?.writable) return;
-    corked = stream;
-    stream.cork();
+    // A Cluster writes to each node on its own connection: every node's socket is corked.
+    const nodes = client instanceof Cluster ? client.nodes('all') : [client];
+    corked = nodes.map((node) => node.stream).filter((stream) => stream?.writable);
+    for (const stream of corked) stream.cork();
     setImmediate(uncork);
   };
 }
@@ -326,9 +344,79 @@ function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
+/**
+ * Thrown by a store with `durability` when fewer replicas than asked confirmed a claim or a saved
+ * response within `timeoutMs`. A claim is released first, so its retry can claim again.
+ */
+export class ReplicationError extends RetrysafeError {
+  override name = 'ReplicationError';
+}
+
+function checkDurability(durability: unknown): { replicas: number; timeoutMs: number } {
+  const { replicas, timeoutMs } = (durability ?? {}) as Record<string, unknown>;
+  return {
+    replicas: requirePositiveInteger('redisStore', 'durability.replicas', replicas),
+    timeoutMs: requirePositiveInteger('redisStore', 'durability.timeoutMs', timeoutMs),
+  };
+}
+
+/** The client a store given `url` or `clusterNodes` owns. */
+function ownClient(options: RedisStoreOptions, commandTimeoutMs: number, connectTimeoutMs: number) {
+  const timeouts = { commandTimeout: timerMs(commandTimeoutMs), connectTimeout: timerMs(connectTimeoutMs) };
+  const reconnectDelayMs = (attempt: number) => Math.min(attempt * 50, MAX_RECONNECT_DELAY_MS);
+  if (options.clusterNodes !== undefined) {
+    if (!Array.isArray(options.clusterNodes) || options.clusterNodes.length === 0) {
+      throw new ConfigError('redisStore: `clusterNodes` must be a non-empty array of "host:port"');
+    }
+    return new Cluster(options.clusterNodes, {
+      // As below; the Cluster keeps a queue per node only while that node's connection opens.
+      enableOfflineQueue: false,
+      clusterRetryStrategy: reconnectDelayMs,
+      redisOptions: { ...timeouts, maxRetriesPerRequest: 0 },
+    });
+  }
+  return new Redis(options.url!, {
+    ...timeouts,
+    // While Redis is down a command fails at once, and one in flight when the connection drops
+    // fails then. Queued or resent, it would run whenever the connection came back, long after
+    // its caller gave up: a claim nobody owns.
+    enableOfflineQueue: false,
+    maxRetriesPerRequest: 0,
+    retryStrategy: reconnectDelayMs,
+  });
+}
+
+/**
+ * A Cluster's masters, each named by the first slot it serves (a name its replica keeps when it
+ * takes over), in slot order.
+ */
+function mastersBySlot(cluster: Cluster): { firstSlot: string; node: Redis }[] {
+  const byAddress = new Map(
+    cluster.nodes('master').map((node) => [`${node.options.host}:${node.options.port}`, node]),
+  );
+  const masters: { firstSlot: string; node: Redis }[] = [];
+  cluster.slots.forEach((addresses, slot) => {
+    const node = byAddress.get(addresses[0]!);
+    if (node === undefined) return;
+    byAddress.delete(addresses[0]!);
+    masters.push({ firstSlot: String(slot), node });
+  });
+  return masters;
+}
+
+/** Where a list cursor's master is now: the master serving its first slot (it may have failed over). */
+function masterAt(masters: { firstSlot: string }[], firstSlot: string | undefined): number {
+  if (firstSlot === undefined) return 0;
+  let at = 0;
+  while (at + 1 < masters.length && Number(masters[at + 1]!.firstSlot) <= Number(firstSlot)) at++;
+  return at;
+}
+
 const OPTION_NAMES = optionNames<RedisStoreOptions>({
   client: true,
   url: true,
+  clusterNodes: true,
+  durability: true,
   prefix: true,
   commandTimeoutMs: true,
   connectTimeoutMs: true,
@@ -394,9 +482,11 @@ function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprin
  */
 export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   const options = checkOptions('redisStore()', given, OPTION_NAMES);
-  if ((options.client === undefined) === (options.url === undefined)) {
-    throw new ConfigError('redisStore: give exactly one of `client` or `url`');
+  const sources = [options.client, options.url, options.clusterNodes].filter((o) => o !== undefined);
+  if (sources.length !== 1) {
+    throw new ConfigError('redisStore: give exactly one of `client`, `url` or `clusterNodes`');
   }
+  const durability = options.durability && checkDurability(options.durability);
   const prefix = options.prefix ?? 'retrysafe:';
   if (typeof prefix !== 'string') throw new ConfigError('redisStore: `prefix` must be a string');
   const commandTimeoutMs = requirePositiveInteger(
@@ -411,18 +501,8 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   );
 
   const ownsClient = options.client === undefined;
-  const client =
-    options.client ??
-    new Redis(options.url!, {
-      commandTimeout: timerMs(commandTimeoutMs),
-      connectTimeout: timerMs(connectTimeoutMs),
-      // While Redis is down a command fails at once, and one in flight when the connection drops
-      // fails then. Queued or resent, it would run whenever the connection came back, long after
-      // its caller gave up: a claim nobody owns.
-      enableOfflineQueue: false,
-      maxRetriesPerRequest: 0,
-      retryStrategy: (attempt) => Math.min(attempt * 50, MAX_RECONNECT_DELAY_MS),
-    });
+  const client = options.client ?? ownClient(options, commandTimeoutMs, connectTimeoutMs);
+  const cluster = client instanceof Cluster ? client : undefined;
   // ioredis reports connection errors as events and reconnects by itself. A database the URL
   // names that Redis refuses (`redis://host/99` on a 16-database server) is one of them, after
   // which ioredis carries on in database 0: the store refuses to, rather than mix records.
@@ -459,17 +539,19 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   const channel = `${prefix}settled`;
   const redisKey = (scope: string, key: string) => `${prefix}${recordId(scope, key)}`;
   const waiters = new Waiters();
-  let subscriber: Redis | undefined;
+  let subscriber: Redis | Cluster | undefined;
   let closed = false;
 
   function subscribe(): void {
     if (subscriber || closed) return;
     // ioredis re-subscribes after a reconnect by itself; meanwhile waits poll.
-    subscriber = client.duplicate({
-      enableOfflineQueue: true,
-      maxRetriesPerRequest: null,
-      commandTimeout: undefined,
-    });
+    const patient = { maxRetriesPerRequest: null, commandTimeout: undefined };
+    subscriber = cluster
+      ? cluster.duplicate(undefined, {
+          enableOfflineQueue: true,
+          redisOptions: { ...cluster.options.redisOptions, ...patient },
+        })
+      : (client as Redis).duplicate({ enableOfflineQueue: true, ...patient });
     subscriber.on('error', () => {});
     subscriber.on('message', (from: string, key: string) => {
       if (from === channel) waiters.wake(key);
@@ -477,9 +559,35 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     subscriber.subscribe(channel).catch(() => {});
   }
 
+  /**
+   * How many replicas hold the writes made so far on the connection to `id`'s node (WAIT counts
+   * per connection). The EXISTS only routes the WAIT there on a Cluster; one round trip.
+   */
+  async function replicated(id: string): Promise<number> {
+    const { replicas, timeoutMs } = durability!;
+    const [, [error, count]] = (await client.pipeline().exists(id).wait(replicas, timeoutMs).exec()) as [
+      unknown,
+      [Error | null, number],
+    ];
+    if (error) throw error;
+    return Number(count);
+  }
+
+  const shortOfReplicas = (what: string, replicas: number) =>
+    new ReplicationError(
+      `redisStore: ${replicas} of the ${durability!.replicas} replicas asked for confirmed the ${what} within ${durability!.timeoutMs} ms (\`durability\`)`,
+    );
+
+  // One script reads many keys of one Redis; on a Cluster each key may be on another slot.
   async function summaries(ids: string[]): Promise<KeyRecordSummary[]> {
-    if (ids.length === 0) return [];
-    const [nowMs, rows] = await commands.retrysafeSummaries(ids.length, ...ids);
+    const groups = cluster ? ids.map((id) => [id]) : ids.length > 0 ? [ids] : [];
+    const replies = await Promise.all(
+      groups.map((group) => commands.retrysafeSummaries(group.length, ...group)),
+    );
+    return groups.flatMap((group, g) => summariesOf(group, replies[g]!));
+  }
+
+  function summariesOf(ids: string[], [nowMs, rows]: SummaryReply): KeyRecordSummary[] {
     return ids.flatMap((id, i) => {
       const [state, status, leaseUntilMs, createdAtMs, expiresInMs, steps] = rows[i]!;
       const record = parseRecordId(id.slice(prefix.length));
@@ -516,24 +624,38 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
         // A 0.1.0 hash: CLAIM_HELD_LUA reads it.
         if (!(error instanceof Error && error.message.startsWith('WRONGTYPE'))) throw error;
       }
-      if (found === null) return { outcome: 'acquired', token };
-      const answer = found && answerOfRecord(found, input.fingerprint);
-      if (answer) return answer;
-      const reply = await commands.retrysafeClaimHeldBuffer(id, input.fingerprint, record, retainMs);
-      return heldAnswer(reply, token, input.fingerprint);
+      let answer: ClaimResult | undefined = found === null ? { outcome: 'acquired', token } : undefined;
+      answer ??= found ? answerOfRecord(found, input.fingerprint) : undefined;
+      if (!answer) {
+        const reply = await commands.retrysafeClaimHeldBuffer(id, input.fingerprint, record, retainMs);
+        answer = heldAnswer(reply, token, input.fingerprint);
+      }
+      if (durability && answer.outcome === 'acquired') {
+        const replicas = await replicated(id);
+        if (replicas < durability.replicas) {
+          await commands.retrysafeRelease(id, ownerPrefix(token), channel).catch(() => {});
+          throw shortOfReplicas('claim', replicas);
+        }
+      }
+      return answer;
     },
 
     async complete(scope, key, token, response: StoredResponse) {
       if (!everReady) await connected();
       batchWrites();
+      const id = redisKey(scope, key);
       const done = await commands.retrysafeComplete(
-        redisKey(scope, key),
+        id,
         ownerPrefix(token),
         response.status,
         JSON.stringify(response.headers),
         toBuffer(response.body),
         channel,
       );
+      if (done === 1 && durability) {
+        const replicas = await replicated(id);
+        if (replicas < durability.replicas) throw shortOfReplicas('saved response', replicas);
+      }
       return done === 1;
     },
 
@@ -603,29 +725,38 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     },
 
     // The cursor is a SCAN cursor and the last record taken from the batch that SCAN call returned:
-    // the next page runs that call again and takes what sorts after it.
+    // the next page runs that call again and takes what sorts after it. On a Cluster it names the
+    // master too (by the first slot it serves), and the masters are scanned one after the other.
     async list(options = {}) {
-      const { limit, scope, after } = listRequest('redisStore.list', options, 2);
+      const { limit, scope, after } = listRequest('redisStore.list', options, cluster ? 3 : 2);
       await connected();
       const match = `${globEscape(prefix)}${scope === undefined ? '' : globEscape(recordId(scope, ''))}*`;
-      let cursor = after?.[0] ?? '0';
-      let takenThrough = after?.[1] || undefined;
+      const masters = cluster ? mastersBySlot(cluster) : [{ firstSlot: '', node: client as Redis }];
+      let at = cluster ? masterAt(masters, after?.[0]) : 0;
+      const position = cluster ? after?.slice(1) : after;
+      let cursor = position?.[0] ?? '0';
+      let takenThrough = position?.[1] || undefined;
       const ids: string[] = [];
+      const page = async (next: [string, string] | null) => ({
+        records: await summaries(ids),
+        next: next && listCursor(cluster ? [masters[at]!.firstSlot, ...next] : next),
+      });
       for (let calls = 1; ; calls++) {
-        const [following, found] = await client.scan(cursor, 'MATCH', match, 'COUNT', SCAN_COUNT);
+        const [following, found] = await masters[at]!.node.scan(cursor, 'MATCH', match, 'COUNT', SCAN_COUNT);
         const batch = found.sort().filter((id) => takenThrough === undefined || id > takenThrough);
         takenThrough = undefined;
         const room = limit - ids.length;
         if (batch.length > room) {
           ids.push(...batch.slice(0, room));
-          return { records: await summaries(ids), next: listCursor([cursor, ids[ids.length - 1]!]) };
+          return page([cursor, ids[ids.length - 1]!]);
         }
         ids.push(...batch);
-        if (following === '0') return { records: await summaries(ids), next: null };
         cursor = following;
-        if (ids.length === limit || calls === MAX_SCANS_PER_PAGE) {
-          return { records: await summaries(ids), next: listCursor([cursor, '']) };
+        if (cursor === '0') {
+          if (at === masters.length - 1) return page(null);
+          at++;
         }
+        if (ids.length === limit || calls === MAX_SCANS_PER_PAGE) return page([cursor, '']);
       }
     },
 
