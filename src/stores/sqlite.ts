@@ -3,9 +3,6 @@ import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
-import { ConfigError, RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -15,7 +12,9 @@ import type {
   KeyPage,
   ListKeysOptions,
   StoredResponse,
-} from '../core/types.js';
+} from '../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   expiresAtMs,
   keysetPage,
