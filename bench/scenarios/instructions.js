@@ -43,7 +43,11 @@ function driver(url, runId) {
   const prefix = `${runId}-${Math.random().toString(36).slice(2)}`;
   let seq = 0;
   const replayKey = `${prefix}-replay`;
+  // Under valgrind a pause (callgrind_control's zero or dump) can outlast the server's keep-alive
+  // timeout: a request written to the socket it closed meanwhile is reset unread, and sent again.
   const one = (key) =>
+    attempt(key).catch((error) => (error.code === 'ECONNRESET' ? attempt(key) : Promise.reject(error)));
+  const attempt = (key) =>
     new Promise((resolve, reject) => {
       const headers = { 'content-type': 'application/json', 'content-length': body.length };
       if (key) headers['idempotency-key'] = key;
