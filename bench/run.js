@@ -9,7 +9,17 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const SCENARIOS = ['engine', 'overhead', 'replay', 'hotkey', 'growth', 'peers', 'memory', 'fines'];
+const SCENARIOS = [
+  'engine',
+  'overhead',
+  'replay',
+  'hotkey',
+  'growth',
+  'peers',
+  'memory',
+  'fines',
+  'instructions',
+];
 
 const { values: flags } = parseArgs({
   options: {

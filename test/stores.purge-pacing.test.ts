@@ -1,5 +1,10 @@
+import { mkdtempSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import Database from 'better-sqlite3';
 import { describe, expect, it } from 'vitest';
 import { purgeInBatches } from '../src/stores/internal.js';
+import { sqliteStore } from '../src/stores/sqlite.js';
 
 describe('purgeInBatches (the SQLite and PostgreSQL purges)', () => {
   it('rests after every full batch, never after the short one that ends the purge', async () => {
@@ -52,5 +57,50 @@ describe('purgeInBatches (the SQLite and PostgreSQL purges)', () => {
       },
     );
     expect([deleted, calls]).toEqual([0, 1]);
+  });
+});
+
+describe('sqliteStore.purgeExpired: the WAL is checkpointed off the serving connection', () => {
+  it('turns the connection’s auto-checkpoint off while it purges, keeps the WAL bounded, and restores it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'rs-purge-wal-'));
+    const filename = join(dir, 'keys.db');
+    const database = new Database(filename);
+    database.pragma('journal_mode = WAL');
+    const store = sqliteStore({ database });
+    try {
+      // 20k records past retention, with random keys as clients send them: every batch dirties
+      // pages all over the primary key, so the WAL grows by hundreds of pages a batch.
+      const pastMs = Date.now() - 1000;
+      database.exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
+        INSERT INTO idempotency_keys (scope, key, fingerprint, token, lease_until_ms, created_at_ms,
+          expires_at_ms, completed_at_ms, status, headers, body)
+        SELECT 's', lower(hex(randomblob(16))), lower(hex(randomblob(32))), 't', ${pastMs}, ${pastMs},
+          ${pastMs}, ${pastMs}, 201, '{}', randomblob(64) FROM g`);
+      database.pragma('wal_checkpoint(TRUNCATE)');
+      const autoCheckpoints = new Set<number>();
+      let largestWalBytes = 0;
+      let purging = true;
+      const purge = store.purgeExpired();
+      const watch = (async () => {
+        while (purging) {
+          autoCheckpoints.add(database.pragma('wal_autocheckpoint', { simple: true }) as number);
+          largestWalBytes = Math.max(largestWalBytes, statSync(`${filename}-wal`).size);
+          await new Promise((resolve) => setImmediate(resolve));
+        }
+      })();
+      const deleted = await purge;
+      purging = false;
+      await watch;
+      expect(deleted).toBe(20_000);
+      // The serving connection never checkpoints during the purge (a 1,000-page checkpoint with
+      // its fsync held every request back), and a checkpointer elsewhere kept the WAL small.
+      expect([...autoCheckpoints]).toEqual([0]);
+      expect(largestWalBytes).toBeLessThan(16 * 1024 * 1024);
+      expect(database.pragma('wal_autocheckpoint', { simple: true })).toBe(1000);
+    } finally {
+      await store.close();
+      database.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -22,10 +22,10 @@ export const VARIANTS = [
 export const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
 
 /**
- * Starts the loan desk for one variant on its own fresh database (`env` on top); `count()` counts
- * its loans.
+ * Starts the loan desk for one variant on its own fresh database (`env` on top, the rest of the
+ * options to startServer); `count()` counts its loans.
  */
-export async function startLoanDesk(ctx, variant, { tag = '', execArgv = [], env: extraEnv = {} } = {}) {
+export async function startLoanDesk(ctx, variant, { tag = '', env: extraEnv = {}, ...start } = {}) {
   const name = `${variant.id}${tag}`.replaceAll('-', '_');
   let databaseUrl;
   let count;
@@ -50,7 +50,7 @@ export async function startLoanDesk(ctx, variant, { tag = '', execArgv = [], env
   const env = { DATABASE_URL: databaseUrl, IDEMPOTENCY_MODE: variant.mode, ...extraEnv };
   // Its Redis keys hold the request's key, and so the run id that cleanup() looks for.
   if (variant.store) env.IDEMPOTENCY_STORE = variant.store === 'redis' ? REDIS_URL : variant.store;
-  const server = await startServer(LOAN_DESK, { env, execArgv, ipcReady: false });
+  const server = await startServer(LOAN_DESK, { ...start, env, ipcReady: false });
   return Object.assign(server, { countLoans: count, databaseUrl });
 }
 
@@ -75,10 +75,10 @@ export const STRUCTURAL_FLOOR_OF = { 'postgres-atomic': 'postgres-3rt' };
  * Starts a floor server (`sqlite`, `postgres`, `postgres-3rt`, `redis` or `cheapest`) on its own
  * fresh database.
  */
-export async function startFloor(ctx, floor, { execArgv = [] } = {}) {
+export async function startFloor(ctx, floor, start = {}) {
   const name = `floor_${floor}`.replaceAll('-', '_');
   const env = { FLOOR: floor, REDIS_URL };
   if (floor.startsWith('postgres')) env.DATABASE_URL = await pgSchemaUrl(`${ctx.runId}_${name}`);
   else env.DATABASE_URL = path.join(ctx.tmpDir, `${name}.db`);
-  return startServer(FLOOR, { env, execArgv });
+  return startServer(FLOOR, { ...start, env });
 }

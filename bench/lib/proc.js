@@ -33,32 +33,42 @@ async function waitForPort(port, child, deadlineMs) {
     if (ok) return;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
-  throw new Error(`server did not listen on ${port} within ${START_TIMEOUT_MS} ms`);
+  throw new Error(`server did not listen on ${port} in time`);
 }
 
 /**
  * Starts `script` in its own Node process so the server never shares an event loop with the load
- * generator. A bench server reports its port over IPC (`{ ready: port }`); any other server
+ * generator (`execPath` may be a wrapper, valgrind, whose `execArgv` end with Node's path). A bench server reports its port over IPC (`{ ready: port }`); any other server
  * (the loan desk) is given `PORT` and polled until it accepts connections.
  */
-export async function startServer(script, { env = {}, execArgv = [], ipcReady = true } = {}) {
+export async function startServer(
+  script,
+  {
+    env = {},
+    execArgv = [],
+    execPath = process.execPath,
+    ipcReady = true,
+    startTimeoutMs = START_TIMEOUT_MS,
+  } = {},
+) {
   const port = ipcReady ? 0 : await freePort();
   const stderr = [];
   const child = fork(script, [], {
     env: { ...process.env, HOST: '127.0.0.1', PORT: String(port), NODE_ENV: 'production', ...env },
     execArgv,
+    execPath,
     stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
   });
   child.stderr.on('data', (chunk) => {
     stderr.push(chunk);
     if (stderr.length > 50) stderr.shift();
   });
-  const deadlineMs = Date.now() + START_TIMEOUT_MS;
+  const deadlineMs = Date.now() + startTimeoutMs;
   let actualPort = port;
   try {
     if (ipcReady) {
       actualPort = await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error('server did not report ready')), START_TIMEOUT_MS);
+        const timer = setTimeout(() => reject(new Error('server did not report ready')), startTimeoutMs);
         child.on('message', function onReady(message) {
           if (message?.ready) {
             clearTimeout(timer);

@@ -125,9 +125,13 @@ export function loanDesk({
   const read = (res, query) => sendFound(res, query, 'loan_not_found');
 
   function loanDeskHandler(req, res) {
+    const reading = req.method === 'GET' || req.method === 'HEAD';
+    // The hot path, POST /loans, needs no URL parsed; any other target is normalised by URL.
+    if (req.url === '/loans' && req.method === 'POST') {
+      return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res, 'the loan');
+    }
     const url = new URL(req.url ?? '/', 'http://loan-desk');
     const { pathname } = url;
-    const reading = req.method === 'GET' || req.method === 'HEAD';
     const allow = (methods) =>
       send(res, 405, { error: 'method_not_allowed', allow: methods }, { allow: methods });
 

@@ -127,17 +127,30 @@ export function operations({ logLevel = 'info', destination, adminToken } = {}) 
     { lines: STORE_ERROR_LINES_PER_INTERVAL, intervalMs: STORE_ERROR_INTERVAL_MS },
   );
 
+  // Every event touches a series or two: each series' child is looked up by a string, since
+  // prom-client sorts and hashes a label object on every inc() or observe() given one.
+  const series = new Map();
+  const seriesOf = (metric, ...values) => {
+    const id = `${metric.name}\0${values.join('\0')}`;
+    let child = series.get(id);
+    if (!child) {
+      child = metric.labels(...values);
+      series.set(id, child);
+    }
+    return child;
+  };
+
   function onEvent(event) {
-    outcomes.inc({ outcome: event.type, reason: eventDetail(event)?.value ?? '' });
+    seriesOf(outcomes, event.type, eventDetail(event)?.value ?? '').inc();
     switch (event.type) {
       case 'executed':
       case 'released':
-        handlerSeconds.observe({ outcome: event.type }, event.handlerMs / 1000);
-        storeSeconds.observe({ outcome: event.type }, event.storeMs / 1000);
+        seriesOf(handlerSeconds, event.type).observe(event.handlerMs / 1000);
+        seriesOf(storeSeconds, event.type).observe(event.storeMs / 1000);
         break;
       case 'replayed':
       case 'conflict':
-        storeSeconds.observe({ outcome: event.type }, event.storeMs / 1000);
+        seriesOf(storeSeconds, event.type).observe(event.storeMs / 1000);
         break;
       case 'waited':
         waitSeconds.observe(event.waitedMs / 1000);

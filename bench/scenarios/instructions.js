@@ -1,0 +1,248 @@
+import { execFile } from 'node:child_process';
+import { readdir, readFile, rm } from 'node:fs/promises';
+import http from 'node:http';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { LOAN, startFloor, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
+import { informational, round2 } from '../lib/measure.js';
+
+/**
+ * CPU instructions and promise turns per request, for the loan desk and its hand-written floors
+ * on the same requests: counts, not times, so they do not move with the load of a shared machine.
+ * Instructions are counted by valgrind's callgrind in the server process (every thread: JIT and
+ * GC helpers included; the database or Redis server's own work is not), between a zeroing and a
+ * dump taken around N sequential requests on one keep-alive connection after a warm-up. Promise
+ * turns come from a second run of each server, not under valgrind, with `lib/turn-counter.js`
+ * preloaded.
+ */
+const execFile$ = promisify(execFile);
+// valgrind names the pipes callgrind_control talks through after $USER and $HOST, and every bench
+// server is started with HOST=127.0.0.1: callgrind_control must be given the same.
+const callgrindControl = (command, pid) =>
+  execFile$('callgrind_control', [command, String(pid)], { env: { ...process.env, HOST: '127.0.0.1' } });
+const TURN_COUNTER = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../lib/turn-counter.js');
+
+/** The desk variants measured, each with the floor its keyed path is compared with. */
+const PAIRS = [
+  { variant: 'sqlite-atomic', floor: 'sqlite' },
+  { variant: 'sqlite-lease', floor: 'sqlite' },
+  { variant: 'memory', floor: null },
+  { variant: 'postgres-atomic', floor: 'postgres-3rt' },
+  { variant: 'postgres-lease', floor: 'postgres-3rt' },
+  { variant: 'redis', floor: 'redis' },
+];
+const FLOORS = ['sqlite', 'postgres', 'postgres-3rt', 'redis', 'cheapest'];
+const PATHS = ['fresh', 'replay', 'keyless'];
+
+/** Sequential POST /loans on one connection: fresh keys, one key replayed, or no key. */
+function driver(url, runId) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const body = Buffer.from(JSON.stringify(LOAN));
+  // Unique per driver: a floor's second server reopens the first one's database.
+  const prefix = `${runId}-${Math.random().toString(36).slice(2)}`;
+  let seq = 0;
+  const replayKey = `${prefix}-replay`;
+  // Under valgrind a pause (callgrind_control's zero or dump) can outlast the server's keep-alive
+  // timeout: a request written to the socket it closed meanwhile is reset unread, and sent again.
+  const one = (key) =>
+    attempt(key).catch((error) => (error.code === 'ECONNRESET' ? attempt(key) : Promise.reject(error)));
+  const attempt = (key) =>
+    new Promise((resolve, reject) => {
+      const headers = { 'content-type': 'application/json', 'content-length': body.length };
+      if (key) headers['idempotency-key'] = key;
+      const req = http.request(`${url}/loans`, { method: 'POST', agent, headers }, (res) => {
+        res.resume();
+        res.on('end', () =>
+          res.statusCode < 300 ? resolve() : reject(new Error(`status ${res.statusCode}`)),
+        );
+      });
+      req.on('error', reject);
+      req.end(body);
+    });
+  return {
+    async send(kind, count) {
+      for (let i = 0; i < count; i++) {
+        if (kind === 'fresh') await one(`${prefix}-${seq++}`);
+        else if (kind === 'replay') await one(replayKey);
+        else await one(undefined);
+      }
+    },
+    close: () => agent.destroy(),
+  };
+}
+
+/** Instructions (callgrind) per request of each path, for one server started by `start`. */
+async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) {
+  const dir = path.join(ctx.tmpDir, `callgrind-${id}`);
+  const server = await start({
+    execPath: 'valgrind',
+    execArgv: ['--tool=callgrind', `--callgrind-out-file=${dir}-%p`, process.execPath],
+    startTimeoutMs: 300_000,
+  });
+  const pid = server.child.pid;
+  const load = driver(server.url, ctx.runId);
+  try {
+    for (const kind of paths) await load.send(kind, warmup);
+    const perRequest = {};
+    for (const kind of paths) {
+      await callgrindControl('--zero', pid);
+      await load.send(kind, count);
+      await callgrindControl('--dump', pid);
+      perRequest[kind] = (await lastDumpTotal(ctx.tmpDir, `callgrind-${id}-${pid}.`)) / count;
+    }
+    return perRequest;
+  } finally {
+    load.close();
+    await server.stop();
+    for (const file of await readdir(ctx.tmpDir)) {
+      if (file.startsWith(`callgrind-${id}-`)) await rm(path.join(ctx.tmpDir, file), { force: true });
+    }
+  }
+}
+
+/** The `summary:` of the newest numbered dump `<prefix>N`. */
+async function lastDumpTotal(dir, prefix) {
+  const dumps = (await readdir(dir)).filter((f) => f.startsWith(prefix));
+  const newest = dumps.sort((a, b) => Number(a.slice(prefix.length)) - Number(b.slice(prefix.length))).at(-1);
+  const text = await readFile(path.join(dir, newest), 'utf8');
+  const match = /^summary: (\d+)/m.exec(text);
+  if (!match) throw new Error(`${newest}: no summary line`);
+  return Number(match[1]);
+}
+
+/** Promises and reaction jobs per request of each path (the server preloads turn-counter.js). */
+async function turnsPerRequest(ctx, start, paths, { warmup, count }) {
+  const server = await start({ execArgv: ['--import', TURN_COUNTER] });
+  const load = driver(server.url, ctx.runId);
+  try {
+    for (const kind of paths) await load.send(kind, warmup);
+    const perRequest = {};
+    for (const kind of paths) {
+      const before = await server.ask({ cmd: 'turns' });
+      await load.send(kind, count);
+      const after = await server.ask({ cmd: 'turns' });
+      perRequest[kind] = {
+        promises: (after.promises - before.promises) / count,
+        reactions: (after.reactions - before.reactions) / count,
+      };
+    }
+    return perRequest;
+  } finally {
+    load.close();
+    await server.stop();
+  }
+}
+
+export async function run(ctx) {
+  const sizes = ctx.quick ? { warmup: 100, count: 100 } : { warmup: 1000, count: 500 };
+  const contenders = [
+    ...PAIRS.map(({ variant }) => {
+      const v = VARIANTS.find((x) => x.id === variant);
+      return {
+        id: variant,
+        label: `desk: ${v.label}`,
+        paths: PATHS,
+        start: (options) =>
+          startLoanDesk(ctx, v, { tag: `-count-${options.execPath ? 'i' : 't'}`, ...options }),
+      };
+    }),
+    ...FLOORS.map((floor) => ({
+      id: `floor-${floor}`,
+      label: `floor: ${floor}`,
+      paths: floor === 'cheapest' ? ['keyless'] : ['fresh', 'replay'],
+      start: (options) => startFloor(ctx, floor, options),
+    })),
+  ];
+  // Without valgrind the turns are still counted; the instruction columns say why they are empty.
+  const valgrind = await execFile$('valgrind', ['--version']).then(
+    () => true,
+    () => false,
+  );
+  if (!valgrind) ctx.log('  valgrind is not installed: promise turns only');
+  const measured = {};
+  for (const c of contenders) {
+    try {
+      const turns = await turnsPerRequest(ctx, c.start, c.paths, sizes);
+      ctx.log(`  ${c.id} turns ${JSON.stringify(turns)}`);
+      const instructions = valgrind
+        ? await instructionsPerRequest(ctx, c.id, c.start, c.paths, sizes)
+        : Object.fromEntries(c.paths.map((kind) => [kind, Number.NaN]));
+      ctx.log(`  ${c.id} instructions ${JSON.stringify(instructions)}`);
+      measured[c.id] = { turns, instructions };
+    } catch (error) {
+      measured[c.id] = { error: error.message };
+      ctx.log(`  ${c.id} unavailable: ${error.message}`);
+    }
+  }
+  const k = (n) => (Number.isFinite(n) ? `${Math.round(n / 1000)}k` : '—');
+  const cell = (m, kind) =>
+    m?.instructions?.[kind] === undefined
+      ? '—'
+      : `${k(m.instructions[kind])} / ${round2(m.turns[kind].promises)} / ${round2(m.turns[kind].reactions)}`;
+  const rows = contenders.map((c) => {
+    const m = measured[c.id];
+    if (m.error) return [c.label, `unavailable: ${m.error.slice(0, 160)}`, null, null];
+    return [c.label, ...PATHS.map((kind) => cell(m, kind))];
+  });
+  const targets = [];
+  const ratioRows = [];
+  for (const { variant, floor } of PAIRS) {
+    const desk = measured[variant];
+    const base = floor && measured[`floor-${floor}`];
+    const cheapest = measured['floor-cheapest'];
+    if (!desk?.instructions) continue;
+    const keyedOverKeyless = desk.instructions.fresh - desk.instructions.keyless;
+    const row = [
+      variant,
+      floor ?? '—',
+      base?.instructions ? round2(desk.instructions.fresh / base.instructions.fresh) : '—',
+      base?.turns ? round2(desk.turns.fresh.reactions / base.turns.fresh.reactions) : '—',
+      base?.instructions ? round2(desk.instructions.replay / base.instructions.replay) : '—',
+      cheapest?.instructions ? round2(desk.instructions.replay / cheapest.instructions.keyless) : '—',
+      k(keyedOverKeyless),
+    ];
+    ratioRows.push(row);
+    if (base?.instructions) {
+      targets.push(
+        informational(
+          `instructions: ${variant} fresh key, desk ÷ floor (${floor})`,
+          desk.instructions.fresh / base.instructions.fresh,
+        ),
+        informational(
+          `microtask turns: ${variant} fresh key, desk ÷ floor (${floor})`,
+          desk.turns.fresh.reactions / base.turns.fresh.reactions,
+        ),
+      );
+    }
+  }
+  return {
+    title: 'Instructions and promise turns per request (callgrind; PromiseHook), loan desk and floors',
+    table: {
+      columns: ['server', ...PATHS.map((kind) => `${kind}: instructions / promises / reactions`)],
+      rows,
+    },
+    tables: [
+      {
+        caption:
+          'Ratios: the desk fresh key ÷ its floor (instructions, reaction jobs), replay ÷ the floor replay, replay ÷ the cheapest POST (instructions), and what a key adds to the desk over its own keyless POST.',
+        columns: [
+          'desk',
+          'floor',
+          'fresh instr ÷ floor',
+          'fresh reactions ÷ floor',
+          'replay instr ÷ floor',
+          'replay instr ÷ cheapest POST',
+          'keyed − keyless instr',
+        ],
+        rows: ratioRows,
+      },
+    ],
+    notes: [
+      `${sizes.count} sequential requests per path on one keep-alive connection after ${sizes.warmup} of each path; counts are per request, in the server process only (the database's and Redis's own work is not in them).`,
+      'The desk answers through its own app (catalog checks, loan INSERT, JSON); the floors through the least hand-written code with the same guarantee (bench/servers/floor.js).',
+    ],
+    targets,
+    raw: measured,
+  };
+}
