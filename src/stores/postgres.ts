@@ -492,7 +492,12 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
 
   /** Runs one of the statements above on the pool, prepared by `pg` unless a transaction pooler is between. */
   function run<R extends pg.QueryResultRow>(statement: Statement, values: unknown[]) {
-    return pool.query<R>(transactionPooling ? { text: statement.text, values } : { ...statement, values });
+    return pool.query<R>(onClient(statement, values));
+  }
+
+  /** A statement's query config: unnamed behind a transaction pooler, which cannot keep it prepared. */
+  function onClient(statement: Statement, values: unknown[]): pg.QueryConfig {
+    return transactionPooling ? { text: statement.text, values } : { ...statement, values };
   }
 
   type ClaimValues = [string, string, string, string, number, number];
@@ -656,7 +661,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
 
     async saveStep(scope, key, token, step, request) {
       const values = [scope, key, token, step.name, step.value, request ?? null];
-      const { rowCount } = await own(() => pool.query({ ...SAVE_STEP, values }));
+      const { rowCount } = await own(() => run(SAVE_STEP, values));
       return rowCount === 1;
     },
 
@@ -664,7 +669,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
 
     async abandoned(options = {}) {
       const limit = abandonedLimit('postgresStore.abandoned', options);
-      const { rows } = await own(() => pool.query<AbandonedRow>({ ...ABANDONED, values: [limit] }));
+      const { rows } = await own(() => run<AbandonedRow>(ABANDONED, [limit]));
       return rows.map(abandonedOf);
     },
 
@@ -776,7 +781,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     try {
       await client.query('BEGIN');
       const { rows } = await own(
-        () => client.query<{ token: string }>({ ...LOCK_OWNED, values: [scope, key] }),
+        () => client.query<{ token: string }>(onClient(LOCK_OWNED, [scope, key])),
         client,
       );
       if (rows[0]?.token !== token) {
@@ -785,7 +790,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       }
       const step = await work(client);
       const values = [scope, key, token, step.name, step.value, request ?? null];
-      const { rowCount } = await client.query({ ...SAVE_STEP, values });
+      const { rowCount } = await client.query(onClient(SAVE_STEP, values));
       await client.query('COMMIT');
       return rowCount === 1;
     } catch (error) {

@@ -1,0 +1,63 @@
+import { randomUUID } from 'node:crypto';
+import { once } from 'node:events';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { afterAll, expect, it } from 'vitest';
+import { idempotency } from '../src/adapters/node.js';
+import { resumeAbandoned } from '../src/core/index.js';
+import { memoryStore } from '../src/stores/memory.js';
+
+const store = memoryStore();
+const seen: unknown[] = [];
+let failCharges = true;
+const guarded = idempotency({ store, lease: 200 })(async (req, res, idem) => {
+  if (!idem) return void res.writeHead(400).end();
+  seen.push({
+    method: req.method,
+    url: req.url,
+    type: req.headers['content-type'],
+    key: req.headers['idempotency-key'],
+    body: req.body.toString(),
+  });
+  const fine = await idem.step('recorded', () => ({ id: randomUUID() }));
+  const charge = await idem.step('charged', () => {
+    if (failCharges) throw new Error('provider down');
+    return { chargeId: 'ch_1' };
+  });
+  res.writeHead(201, { 'content-type': 'application/json' }).end(JSON.stringify({ ...fine, ...charge }));
+});
+const server = http.createServer(guarded).listen(0, '127.0.0.1');
+await once(server, 'listening');
+const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/fines`;
+afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
+
+const post = (key: string) =>
+  fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'idempotency-key': key },
+    body: '{"member":"U-1"}',
+  });
+
+it("guarded.resume re-drives the handler from the saved request; the client's late retry replays it", async () => {
+  const key = randomUUID();
+  expect((await post(key)).status).toBe(500);
+  failCharges = false;
+  await sleep(5);
+  let outcome: unknown;
+  expect(
+    await resumeAbandoned({ store, resume: async (record) => (outcome = await guarded.resume(record)) }),
+  ).toBe(1);
+  expect(outcome).toMatchObject({ kind: 'executed', response: { status: 201 } });
+  const request = { method: 'POST', url: '/fines', type: 'application/json', key, body: '{"member":"U-1"}' };
+  expect(seen).toEqual([request, request]);
+  const late = await post(key);
+  expect(late.status).toBe(201);
+  expect(late.headers.get('idempotency-replayed')).toBe('true');
+  const body = await late.json();
+  expect(body).toMatchObject({ chargeId: 'ch_1' });
+  expect(body.id).toBe(
+    JSON.parse(Buffer.from((outcome as { response: { body: Uint8Array } }).response.body).toString()).id,
+  );
+  expect(seen).toHaveLength(2);
+});
