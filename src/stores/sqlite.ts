@@ -1,6 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import { ConfigError, RetrysafeError } from '../core/errors.js';
 import { checkOptions, optionNames } from '../core/option-names.js';
 import { timerMs } from '../core/timer.js';
@@ -27,9 +27,26 @@ import {
   summaryOf,
   Waiters,
 } from './internal.js';
+import {
+  type Driver,
+  driverOf,
+  isBusyError,
+  type NodeSqliteDatabase,
+  openDatabase,
+  type SqliteDatabase,
+  type SqliteDriverName,
+  type Statement,
+} from './sqlite-driver.js';
+
+export type {
+  NodeSqliteDatabase,
+  NodeSqliteStatement,
+  SqliteDatabase,
+  SqliteDriverName,
+} from './sqlite-driver.js';
 
 /** Options of {@link sqliteStore}. */
-export interface SqliteStoreOptions {
+export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
   /**
    * The database file to open (created if missing). Give this or `database`, not both.
    * @default undefined
@@ -37,12 +54,21 @@ export interface SqliteStoreOptions {
    */
   filename?: string;
   /**
-   * An open better-sqlite3 connection to use instead, e.g. the one holding the application's own
-   * tables (atomic mode needs that). It is used as configured and `close()` leaves it open.
+   * An open connection to use instead, e.g. the one holding the application's own tables (atomic
+   * mode needs that): a better-sqlite3 `Database` or a node:sqlite `DatabaseSync` (Node ≥ 22.16).
+   * It is used as configured and `close()` leaves it open.
    * @default undefined
    * @example database: new Database('library.db')
    */
-  database?: Database.Database;
+  database?: D;
+  /**
+   * The SQLite binding that opens `filename`: better-sqlite3 (a native addon), or Node's own
+   * node:sqlite (Node ≥ 22.16, nothing to install or rebuild). By default better-sqlite3 where it
+   * is installed, node:sqlite where it is not. With `database`, the connection's own.
+   * @default 'better-sqlite3' if installed, else 'node:sqlite'
+   * @example driver: 'node:sqlite'
+   */
+  driver?: SqliteDriverName;
   /**
    * The table holding the records; created with its index if missing.
    * @default 'idempotency_keys'
@@ -78,9 +104,11 @@ export interface SqliteStoreOptions {
 }
 
 /** The SQLite store: an {@link AtomicStore} whose transaction handle is the connection itself. */
-export interface SqliteStore extends AtomicStore<Database.Database> {
+export interface SqliteStore<D extends SqliteDatabase = SqliteDatabase> extends AtomicStore<D> {
   /** The connection; run the application's own statements on it inside {@link SqliteStore.transaction}. */
-  readonly database: Database.Database;
+  readonly database: D;
+  /** The binding the connection belongs to. */
+  readonly driver: SqliteDriverName;
   /**
    * Runs `fn` in `BEGIN IMMEDIATE` … `COMMIT` (`ROLLBACK` if it throws) on {@link SqliteStore.database}.
    * An async `fn` may await while the transaction is open: every other write of this store in this
@@ -95,7 +123,7 @@ export interface SqliteStore extends AtomicStore<Database.Database> {
    * });
    * ```
    */
-  transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T>;
+  transaction<T>(fn: (db: D) => T | Promise<T>): Promise<T>;
 }
 
 /**
@@ -190,6 +218,7 @@ export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
 const OPTION_NAMES = optionNames<SqliteStoreOptions>({
   filename: true,
   database: true,
+  driver: true,
   table: true,
   busyTimeoutMs: true,
   pollIntervalMs: true,
@@ -198,8 +227,8 @@ const OPTION_NAMES = optionNames<SqliteStoreOptions>({
 });
 
 /**
- * An idempotency store in a SQLite file through better-sqlite3 12: WAL, safe for several
- * processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
+ * An idempotency store in a SQLite file through better-sqlite3 12 or Node's own node:sqlite
+ * (Node ≥ 22.16, see `driver`): WAL, safe for several processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
  * commits the claim, the handler's own writes and the response in one transaction.
  *
  * Open one store per database file per process and run the application's own writes on
@@ -216,17 +245,32 @@ const OPTION_NAMES = optionNames<SqliteStoreOptions>({
  * });
  * ```
  */
+export function sqliteStore<D extends SqliteDatabase>(
+  options: SqliteStoreOptions<D> & { database: D },
+): SqliteStore<D>;
+export function sqliteStore(
+  options: SqliteStoreOptions & { filename: string; driver: 'node:sqlite' },
+): SqliteStore<NodeSqliteDatabase>;
+export function sqliteStore(
+  options: SqliteStoreOptions & { filename: string; driver: 'better-sqlite3' },
+): SqliteStore<Database.Database>;
+export function sqliteStore(options: SqliteStoreOptions): SqliteStore;
 export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   const options = checkOptions('sqliteStore()', given, OPTION_NAMES);
-  const { filename, database } = options;
+  const { filename, database, driver: driverName } = options;
   if ((filename === undefined) === (database === undefined)) {
     throw new ConfigError('sqliteStore: give exactly one of `filename` or `database`');
   }
   if (filename !== undefined && (typeof filename !== 'string' || filename === '')) {
     throw new ConfigError('sqliteStore: `filename` must be a non-empty string');
   }
-  if (database !== undefined && typeof (database as Partial<Database.Database>).prepare !== 'function') {
-    throw new ConfigError('sqliteStore: `database` must be a better-sqlite3 Database');
+  if (driverName !== undefined && driverName !== 'better-sqlite3' && driverName !== 'node:sqlite') {
+    throw new ConfigError(
+      `sqliteStore: \`driver\` must be 'better-sqlite3' or 'node:sqlite', got ${JSON.stringify(driverName)}`,
+    );
+  }
+  if (driverName !== undefined && database !== undefined) {
+    throw new ConfigError('sqliteStore: `driver` is for `filename`; a `database` brings its own');
   }
   const table = tableName(options.table ?? 'idempotency_keys');
   const busyTimeoutMs = requirePositiveInteger('sqliteStore', 'busyTimeoutMs', options.busyTimeoutMs ?? 5000);
@@ -247,13 +291,14 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   const ownsDatabase = database === undefined;
-  const db = database ?? new Database(filename, { timeout: timerMs(busyTimeoutMs) });
+  const handle = database ?? openDatabase(filename!, driverName, timerMs(busyTimeoutMs));
+  const db: Driver = driverOf(handle);
   if (ownsDatabase) {
-    db.pragma('journal_mode = WAL');
+    db.exec('PRAGMA journal_mode = WAL');
   } else if (options.busyTimeoutMs !== undefined) {
-    db.pragma(`busy_timeout = ${timerMs(busyTimeoutMs)}`);
+    db.exec(`PRAGMA busy_timeout = ${timerMs(busyTimeoutMs)}`);
   }
-  const configuredBusyMs = db.pragma('busy_timeout', { simple: true }) as number;
+  const configuredBusyMs = Object.values(db.prepare('PRAGMA busy_timeout').get() as object)[0] as number;
 
   const t = `"${table}"`;
   db.exec(sqliteMigrationSql({ table }).join(';\n'));
@@ -261,10 +306,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   // A row takes a new claim when its retention has passed (a new operation), or when it is in
   // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
   // Positional parameters: binding them costs a fraction of looking up named ones in an object.
-  const claimStatement = db.prepare<
-    [string, string, string, string, number, number, number, number, number],
-    { token: string }
-  >(`
+  const claimStatement = db.prepare(`
     INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
     VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (scope, key) DO UPDATE SET
@@ -276,14 +318,14 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       OR (${t}.completed_at_ms IS NULL AND ${t}.lease_until_ms <= ?
           AND ${t}.fingerprint = excluded.fingerprint)
     RETURNING token`);
-  const selectRecord = db.prepare<[string, string], RecordRow>(
+  const selectRecord = db.prepare(
     `SELECT fingerprint, lease_until_ms, expires_at_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
   );
-  const selectLease = db.prepare<[string, string], LeaseRow>(
+  const selectLease = db.prepare(
     `SELECT lease_until_ms, completed_at_ms FROM ${t} WHERE scope = ? AND key = ?`,
   );
   // Fenced by the token: a request whose lease was taken over matches no row.
-  const completeStatement = db.prepare<[number, number, string, Uint8Array, string, string, string, number]>(`
+  const completeStatement = db.prepare(`
     UPDATE ${t} SET completed_at_ms = ?, status = ?, headers = ?, body = ?
     WHERE scope = ? AND key = ? AND token = ?
       AND completed_at_ms IS NULL AND expires_at_ms > ?`);
@@ -301,13 +343,13 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     DELETE FROM ${t} WHERE rowid IN (
       SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
 
-  const selectSummary = db.prepare<[string, string, number], SummaryRow>(
+  const selectSummary = db.prepare(
     `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
   );
   const deleteStatement = db.prepare(`DELETE FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`);
   // One statement per shape, each a range scan of the primary key, so a deep page costs no more
   // than the first.
-  const listStatements = new Map<string, Database.Statement<[Record<string, unknown>], SummaryRow>>();
+  const listStatements = new Map<string, Statement>();
   // Within one scope `key > ?` rather than the row value: SQLite's planner then ranges over both
   // columns of the key instead of scanning the scope from its start.
   function listStatement(byScope: boolean, after: 'none' | 'key' | 'row') {
@@ -341,12 +383,24 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
       nowMs,
       nowMs,
-    );
+    ) as { token: string } | undefined;
     if (inserted?.token === token) return { outcome: 'acquired', token };
-    return existing(selectRecord.get(input.scope, input.key)!, input, nowMs);
+    return existing(selectRecord.get(input.scope, input.key) as RecordRow, input, nowMs);
   }
-  // Inside an open transaction (of the application, or a claim from inside `atomic`'s work) a savepoint.
-  const claimTransaction = db.transaction(claimIn);
+
+  /** `fn` in a savepoint of the transaction open on the connection (the application's own). */
+  function inSavepoint<T>(fn: () => T): T {
+    const savepoint = `retrysafe_${++savepoints}`;
+    db.exec(`SAVEPOINT ${savepoint}`);
+    try {
+      const value = fn();
+      db.exec(`RELEASE ${savepoint}`);
+      return value;
+    } catch (error) {
+      if (db.inTransaction()) db.exec(`ROLLBACK TO ${savepoint}; RELEASE ${savepoint}`);
+      throw error;
+    }
+  }
 
   function existing(row: RecordRow, input: ClaimInput, nowMs: number): Settled {
     if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
@@ -367,9 +421,9 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   // A completed record never changes until it expires, so answering a retry of it needs no write
   // lock. Only outside a transaction: inside one, the read could see a record not committed yet.
   function completedNow(input: ClaimInput): Settled | undefined {
-    if (db.inTransaction) return undefined;
+    if (db.inTransaction()) return undefined;
     const nowMs = now();
-    const row = selectRecord.get(input.scope, input.key);
+    const row = selectRecord.get(input.scope, input.key) as RecordRow | undefined;
     if (!row || row.completed_at_ms === null || row.expires_at_ms <= nowMs) return undefined;
     return existing(row, input, nowMs);
   }
@@ -380,7 +434,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   /**
    * Runs `attempt`, which takes the write lock without waiting for it, again on `SQLITE_BUSY` until
-   * `deadlineMs`. The wait is ours, not better-sqlite3's: its busy handler sleeps synchronously,
+   * `deadlineMs`. The wait is ours, not the driver's: SQLite's busy handler sleeps synchronously,
    * stalling every request of this process (reads included) behind one that waits for another
    * process's lock.
    */
@@ -405,8 +459,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     }
   }
 
-  const isBusy = (error: unknown, deadlineMs: number) =>
-    (error as { code?: string }).code === 'SQLITE_BUSY' && Date.now() < deadlineMs;
+  const isBusy = (error: unknown, deadlineMs: number) => isBusyError(error) && Date.now() < deadlineMs;
 
   // SQLite applies busy_timeout when it prepares the PRAGMA, so neither can be a cached statement;
   // one exec with the BEGIN costs one call instead of three.
@@ -448,7 +501,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       commitStatement.run();
       return value;
     } catch (error) {
-      if (db.inTransaction) rollbackStatement.run();
+      if (db.inTransaction()) rollbackStatement.run();
       throw error;
     }
   }
@@ -498,7 +551,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   function runTransaction<T>(
-    fn: (db: Database.Database) => Promise<{ value: T; commit: boolean }>,
+    fn: (db: SqliteDatabase) => Promise<{ value: T; commit: boolean }>,
     timeoutMs?: number,
   ): Promise<T> {
     const nested = frames.getStore()?.open === true;
@@ -517,7 +570,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       const frame: Frame = { open: true, queue: new SerialQueue() };
       openFrames++;
       try {
-        const { value, commit } = await frames.run(frame, () => fn(db));
+        const { value, commit } = await frames.run(frame, () => fn(handle));
         // Operations the work started but did not await still belong to this transaction.
         if (!frame.queue.idle) await frame.queue.run(() => undefined);
         closeFrame(frame);
@@ -526,19 +579,19 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       } catch (error) {
         closeFrame(frame);
         // SQLite rolls back by itself on some errors; a second ROLLBACK would mask the first error.
-        if (db.inTransaction) end(false);
+        if (db.inTransaction()) end(false);
         throw error;
       }
     });
   }
 
-  function transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T> {
+  function transaction<T>(fn: (db: SqliteDatabase) => T | Promise<T>): Promise<T> {
     return runTransaction(async (connection) => ({ value: await fn(connection), commit: true }));
   }
 
   async function atomic(
     input: ClaimInput,
-    work: (tx: Database.Database) => Promise<AtomicWorkResult>,
+    work: (tx: SqliteDatabase) => Promise<AtomicWorkResult>,
   ): Promise<AtomicResult> {
     const completed = completedNow(input);
     if (completed) return completed;
@@ -569,10 +622,10 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     if (completed) return Promise.resolve(completed);
     const deadlineMs = lockDeadlineMs(input.timeoutMs);
     return exclusive(() =>
-      db.inTransaction
+      db.inTransaction()
         ? whenUnlocked(
             deadlineMs,
-            withoutBusyWait(() => claimTransaction.immediate(input)),
+            withoutBusyWait(() => inSavepoint(() => claimIn(input))),
           )
         : inOwnTransaction(deadlineMs, () => claimIn(input)),
     );
@@ -618,7 +671,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       let leaseLeftMs = intervalMs;
       // An atomic original of this process may still be queued: no row yet, but in progress.
       if (!holding.has(id)) {
-        const row = selectLease.get(scope, key);
+        const row = selectLease.get(scope, key) as LeaseRow | undefined;
         if (!row || row.completed_at_ms !== null) return;
         leaseLeftMs = row.lease_until_ms - now();
         if (leaseLeftMs <= 0) return;
@@ -640,18 +693,17 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
     const { limit, scope, after } = listRequest('sqliteStore.list', options, 2);
     const position = !after ? 'none' : scope !== undefined && after[0] === scope ? 'key' : 'row';
-    const rows = listStatement(scope !== undefined, position).all({
-      nowMs: now(),
-      scope,
-      afterScope: after?.[0],
-      afterKey: after?.[1],
-      limit: limit + 1,
-    });
+    // Only the parameters the statement names: node:sqlite refuses unknown and undefined ones.
+    const parameters: Record<string, unknown> = { nowMs: now(), limit: limit + 1 };
+    if (scope !== undefined) parameters.scope = scope;
+    if (position !== 'none') parameters.afterKey = after![1];
+    if (position === 'row') parameters.afterScope = after![0];
+    const rows = listStatement(scope !== undefined, position).all(parameters) as SummaryRow[];
     return keysetPage(rows.map(summaryOf), limit);
   }
 
   async function get(scope: string, key: string) {
-    const row = selectSummary.get(scope, key, now());
+    const row = selectSummary.get(scope, key, now()) as SummaryRow | undefined;
     return row && summaryOf(row);
   }
 
@@ -671,7 +723,8 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   return {
     name: 'sqlite',
-    database: db,
+    database: handle,
+    driver: db.name,
     claim,
     complete,
     release,
