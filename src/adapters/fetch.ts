@@ -71,7 +71,11 @@ export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<
         },
         async (ctx) => {
           contexts.set(request, ctx);
-          const captured = await capture(engine.collect(), await handler(request, ...rest));
+          const captured = await capture(
+            engine.collect(),
+            await handler(request, ...rest),
+            engine.answerHeaders(ctx.key),
+          );
           sent = captured.send;
           return captured.response;
         },

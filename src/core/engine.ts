@@ -15,6 +15,7 @@ import { parseIdempotencyKey } from './key.js';
 import type { IdempotencyOptions } from './options.js';
 import { resolveOptions } from './resolve-options.js';
 import {
+  answerHeaders,
   bodyTooLarge,
   inProgress,
   keyInvalid,
@@ -192,6 +193,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     maxResponseBytes: config.maxResponseBytes,
     handle,
     render: (error) => render(config, error),
+    answerHeaders: (key) => answerHeaders(config, key),
     // Every adapter makes this error once per oversized request, guarded or not yet known to be.
     bodyTooLarge: () => {
       const error = bodyTooLarge(config);

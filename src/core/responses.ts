@@ -2,6 +2,7 @@ import { promisify } from 'node:util';
 import { brotliDecompress, gunzip, inflate } from 'node:zlib';
 import Negotiator from 'negotiator';
 import { ErrorCode, IdempotencyError } from './errors.js';
+import { keyHeaderValue } from './key.js';
 import type { ResolvedOptions } from './resolve-options.js';
 import type { StoredResponse } from './types.js';
 
@@ -15,6 +16,7 @@ type Shaping = Pick<
   ResolvedOptions,
   | 'replayHeaders'
   | 'replayedHeader'
+  | 'echoKeyHeader'
   | 'cipher'
   | 'mismatchStatus'
   | 'profile'
@@ -48,13 +50,30 @@ export function withHeader<V>(headers: Record<string, V>, name: string, value: V
   return copy;
 }
 
-export function toReplay(config: Shaping, stored: StoredResponse): StoredResponse {
+/** The headers every answer to a request keyed `key` carries besides its own: `echoKey`'s. */
+export function answerHeaders(config: Shaping, key: string): Readonly<Record<string, string>> {
+  if (config.echoKeyHeader === undefined) return NO_HEADERS;
+  return { [config.echoKeyHeader]: keyHeaderValue(key, config.profile === 'ietf') };
+}
+const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
+
+function withKeyEcho(config: Shaping, headers: Record<string, string>, key: string): Record<string, string> {
+  return config.echoKeyHeader === undefined
+    ? headers
+    : withHeader(headers, config.echoKeyHeader, keyHeaderValue(key, config.profile === 'ietf'));
+}
+
+export function toReplay(config: Shaping, stored: StoredResponse, key: string): StoredResponse {
   return {
     status: stored.status,
     // A copy either way: the memory store hands out the record it keeps.
-    headers: config.replayedHeader
-      ? withHeader(stored.headers, config.replayedHeader, 'true')
-      : { ...stored.headers },
+    headers: withKeyEcho(
+      config,
+      config.replayedHeader
+        ? withHeader(stored.headers, config.replayedHeader, 'true')
+        : { ...stored.headers },
+      key,
+    ),
     body: config.cipher ? config.cipher.open(stored.body) : stored.body,
   };
 }
@@ -163,6 +182,12 @@ export const bodyTooLarge = (config: Shaping) =>
 
 /** The HTTP response for an engine error: `onError`'s, or JSON (`ietf`: problem+json). */
 export function render(config: Shaping, error: IdempotencyError): StoredResponse {
+  const rendered = renderError(config, error);
+  if (error.key === undefined || config.echoKeyHeader === undefined) return rendered;
+  return { ...rendered, headers: withKeyEcho(config, rendered.headers, error.key) };
+}
+
+function renderError(config: Shaping, error: IdempotencyError): StoredResponse {
   const custom = config.onError?.(error);
   if (custom) return custom;
   if (config.profile === 'ietf') {
