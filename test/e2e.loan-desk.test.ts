@@ -3,11 +3,13 @@ import http from 'node:http';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
 import { NODE_SQLITE_MIN_VERSION, nodeSqliteAvailable } from '../src/stores/sqlite-driver.js';
+import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
-const WITHOUT_BETTER_SQLITE3 = fileURLToPath(new URL('./support/without-better-sqlite3.mjs', import.meta.url));
+const WITHOUT_BETTER_SQLITE3 = fileURLToPath(
+  new URL('./support/without-better-sqlite3.mjs', import.meta.url),
+);
 
 /**
  * Every row of the HTTP outcomes (docs/reference.md) and the loan desk’s API (examples/library-loans/README.md) over real HTTP against the loan desk as a child process, on
