@@ -92,7 +92,10 @@ describe('stripe-node against a Stripe-shaped API', () => {
 
   it('without echoKey, lastResponse.idempotencyKey stays empty; with it an error carries the key too', async () => {
     const plain = await customersApi({});
-    const made = await plain.stripe.customers.create({ email: 'ada@example.org' }, { idempotencyKey: 'cus-1' });
+    const made = await plain.stripe.customers.create(
+      { email: 'ada@example.org' },
+      { idempotencyKey: 'cus-1' },
+    );
     expect(made.lastResponse.idempotencyKey).toBeUndefined();
     const echoing = await customersApi({ echoKey: true, onError: stripeShaped });
     await echoing.stripe.customers.create({ email: 'ada@example.org' }, { idempotencyKey: 'cus-2' });

@@ -1,3 +1,4 @@
+import { STATUS_CODES } from 'node:http';
 import { promisify } from 'node:util';
 import { brotliDecompress, gunzip, inflate } from 'node:zlib';
 import Negotiator from 'negotiator';
@@ -191,7 +192,15 @@ function renderError(config: Shaping, error: IdempotencyError): StoredResponse {
   const custom = config.onError?.(error);
   if (custom) return custom;
   if (config.profile === 'ietf') {
-    const problem = { type: `about:blank`, title: error.code, status: error.status, detail: error.message };
+    // RFC 9457 §4.2.1: a problem of type about:blank is titled with the status phrase; our code
+    // rides along as an extension member.
+    const problem = {
+      type: 'about:blank',
+      title: STATUS_CODES[error.status] ?? 'Error',
+      status: error.status,
+      detail: error.message,
+      code: error.code,
+    };
     return {
       status: error.status,
       headers: withHeader(error.headers, 'content-type', 'application/problem+json'),
