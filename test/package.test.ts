@@ -74,7 +74,7 @@ const serveWithNode = (dir: string, file: string) =>
 
 beforeAll(() => {
   ({ tarball, files, checkout } = pack(work));
-}, 120_000);
+}, 360_000);
 afterAll(() => {
   rmSync(work, { recursive: true, force: true });
 });

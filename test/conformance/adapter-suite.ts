@@ -826,7 +826,12 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             const reply = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
             expect(reply.status).toBe(422);
             expect(reply.headers.get('content-type')).toBe('application/problem+json');
-            expect(reply.json()).toMatchObject({ status: 422, title: 'key_conflict' });
+            expect(reply.json()).toMatchObject({
+              type: 'about:blank',
+              title: 'Unprocessable Entity',
+              status: 422,
+              code: 'key_conflict',
+            });
           }));
 
         it('onError renders engine errors', () =>

@@ -35,7 +35,8 @@ export const TARBALL = `retrysafe-${(JSON.parse(readFileSync(join(root, 'package
  */
 export function pack(dir: string): { tarball: string; files: string[]; checkout: string } {
   const checkout = freshCheckout(join(dir, 'checkout'));
-  run('npm', ['pack'], checkout);
+  // prepack builds dist/ with tsc: minutes on a loaded machine.
+  run('npm', ['pack'], checkout, 300_000);
   const tarball = join(checkout, TARBALL);
   const files = run('tar', ['-tzf', tarball], checkout)
     .split('\n')
