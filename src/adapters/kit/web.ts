@@ -1,4 +1,4 @@
-import type { CapturedResponse, ResponseCollector, StoredResponse } from '../core/index.js';
+import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/index.js';
 
 // Response capture and replay shared by the adapters that see Web-standard Request/Response
 // objects (Hono, retrysafe/fetch).
@@ -27,7 +27,7 @@ export function toResponse(stored: StoredResponse): Response {
  * response sent carries `answerHeaders` too (the engine's, for the request's key), unless the
  * handler set them itself.
  */
-export async function capture(
+export async function captureWebResponse(
   collector: ResponseCollector,
   res: Response,
   answerHeaders: Readonly<Record<string, string>>,
