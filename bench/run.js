@@ -18,6 +18,7 @@ const SCENARIOS = [
   'peers',
   'memory',
   'fines',
+  'sqlite-drivers',
   'instructions',
 ];
 

@@ -139,7 +139,14 @@ describe('engine outcomes', () => {
       expect(rendered.status).toBe(status);
       if (profile === 'ietf') {
         expect(rendered.headers['content-type']).toBe('application/problem+json');
-        expect(JSON.parse(text(rendered))).toMatchObject({ status: 422, title: 'key_conflict' });
+        // RFC 9457 §4.2.1: with type about:blank the title is the status phrase; the code is an extension.
+        expect(JSON.parse(text(rendered))).toEqual({
+          type: 'about:blank',
+          title: 'Unprocessable Entity',
+          status: 422,
+          detail: expect.stringContaining('already used'),
+          code: 'key_conflict',
+        });
       } else {
         expect(JSON.parse(text(rendered))).toMatchObject({ error: 'key_conflict', key: 'k' });
       }

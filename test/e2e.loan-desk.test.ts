@@ -1,9 +1,15 @@
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
+import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { NODE_SQLITE_MIN_VERSION, nodeSqliteAvailable } from '../src/stores/sqlite-driver.js';
 import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
+
+const WITHOUT_BETTER_SQLITE3 = fileURLToPath(
+  new URL('./support/without-better-sqlite3.mjs', import.meta.url),
+);
 
 /**
  * Every row of the HTTP outcomes (docs/reference.md) and the loan desk’s API (examples/library-loans/README.md) over real HTTP against the loan desk as a child process, on
@@ -86,6 +92,13 @@ const pgSchema = uniqueName('rs_loan_desk');
 const setups: Setup[] = [
   { name: 'SQLite, atomic mode (default)', skip: false, env: () => ({}) },
   { name: 'SQLite, lease mode', skip: false, env: () => ({ IDEMPOTENCY_MODE: 'lease' }) },
+  {
+    // The desk's fallback where no native addon is installed: the store and the desk's own
+    // connections on node:sqlite, in atomic mode.
+    name: `SQLite on node:sqlite without better-sqlite3 installed, atomic mode (Node ≥ ${NODE_SQLITE_MIN_VERSION})`,
+    skip: !nodeSqliteAvailable(),
+    env: () => ({ NODE_OPTIONS: `--import ${WITHOUT_BETTER_SQLITE3}` }),
+  },
   {
     name: 'PostgreSQL, atomic mode',
     skip: !hasPostgres,

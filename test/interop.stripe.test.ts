@@ -32,7 +32,6 @@ function stripeShaped(error: IdempotencyError) {
       ...error.headers,
       'content-type': 'application/json',
       'stripe-should-retry': String(shape.retry),
-      ...(error.key === undefined ? {} : { 'idempotency-key': error.key }),
     },
     body: Buffer.from(JSON.stringify(body)),
   };
@@ -55,8 +54,6 @@ async function customersApi(options: Partial<ExpressIdempotencyOptions<Request>>
   app.use(express.urlencoded({ extended: true }));
   app.post('/v1/customers', idempotency({ store, ...options }), (req, res) => {
     seen.created += 1;
-    const key = req.idempotency?.key;
-    if (key) res.set('Idempotency-Key', key);
     res.json({ id: `cus_${seen.created}`, object: 'customer', email: req.body.email });
   });
   const server = app.listen(0, '127.0.0.1');
@@ -77,10 +74,10 @@ async function customersApi(options: Partial<ExpressIdempotencyOptions<Request>>
 }
 
 describe('stripe-node against a Stripe-shaped API', () => {
-  it('replays a retried create with Idempotent-Replayed and the key echoed', async () => {
+  it('replays a retried create with Idempotent-Replayed and the key echoed (echoKey)', async () => {
     const { stripe, seen } = await customersApi({
       replayedHeader: 'Idempotent-Replayed',
-      replayHeaders: ['idempotency-key'],
+      echoKey: true,
       onError: stripeShaped,
     });
     const first = await stripe.customers.create({ email: 'ada@example.org' }, { idempotencyKey: 'cus-ada' });
@@ -89,7 +86,21 @@ describe('stripe-node against a Stripe-shaped API', () => {
     expect(seen.created).toBe(1);
     expect(again.lastResponse.headers['idempotent-replayed']).toBe('true');
     expect(again.lastResponse.headers['idempotency-replayed']).toBeUndefined();
+    expect(first.lastResponse.idempotencyKey).toBe('cus-ada');
     expect(again.lastResponse.idempotencyKey).toBe('cus-ada');
+  });
+
+  it('without echoKey, lastResponse.idempotencyKey stays empty; with it an error carries the key too', async () => {
+    const plain = await customersApi({});
+    const made = await plain.stripe.customers.create(
+      { email: 'ada@example.org' },
+      { idempotencyKey: 'cus-1' },
+    );
+    expect(made.lastResponse.idempotencyKey).toBeUndefined();
+    const echoing = await customersApi({ echoKey: true, onError: stripeShaped });
+    await echoing.stripe.customers.create({ email: 'ada@example.org' }, { idempotencyKey: 'cus-2' });
+    const reused = echoing.stripe.customers.create({ email: 'bob@example.org' }, { idempotencyKey: 'cus-2' });
+    await expect(reused).rejects.toMatchObject({ headers: { 'idempotency-key': 'cus-2' } });
   });
 
   it('by default a reused key is a 409 that stripe-node retries to no purpose', async () => {

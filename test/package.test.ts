@@ -2,7 +2,7 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSyn
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { checkQuickStart, pack, run, serveOneReplay } from './support/quick-start.js';
+import { checkQuickStart, pack, run, serveOneReplay, TARBALL } from './support/quick-start.js';
 
 /**
  * The package as a user gets it, following the README's install words: a fresh checkout (this
@@ -74,12 +74,23 @@ const serveWithNode = (dir: string, file: string) =>
 
 beforeAll(() => {
   ({ tarball, files, checkout } = pack(work));
-}, 120_000);
+}, 360_000);
 afterAll(() => {
   rmSync(work, { recursive: true, force: true });
 });
 
 describe('the tarball', () => {
+  // pack() runs the README's `npm pack` and takes the tarball from where it says it lands;
+  // project() installs it as its `npm install $RETRYSAFE` lines do.
+  it("is made and installed as the README's Quick start says", () => {
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    const block = /## Quick start[\s\S]*?```sh\n([\s\S]*?)```/.exec(readme)?.[1] ?? '';
+    expect(block).toContain(`(cd retrysafe && npm install && npm pack)   # writes ${TARBALL}\n`);
+    expect(block).toContain(`RETRYSAFE=$PWD/retrysafe/${TARBALL}\n`);
+    expect(block).toMatch(/^npm install \$RETRYSAFE /m);
+    expect(tarball).toBe(join(checkout, TARBALL));
+  });
+
   it('ships LICENSE, README, CHANGELOG and dist, nothing of src or test', () => {
     expect(files).toEqual(
       expect.arrayContaining(['LICENSE', 'README.md', 'CHANGELOG.md', 'package.json', 'dist/core/index.js']),

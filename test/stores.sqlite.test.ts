@@ -9,7 +9,18 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
-import { type SqliteStore, sqliteStore } from '../src/stores/sqlite.js';
+import {
+  type SqliteDatabase,
+  type SqliteDriverName,
+  type SqliteStore,
+  sqliteStore,
+} from '../src/stores/sqlite.js';
+import {
+  isBusyError,
+  NODE_SQLITE_MIN_VERSION,
+  nodeSqliteAvailable,
+  openDatabase,
+} from '../src/stores/sqlite-driver.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
@@ -23,25 +34,37 @@ afterAll(() => {
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
 });
 
-describeStoreConformance('sqlite (file, atomic probe)', async () => {
-  const store = sqliteStore({ filename: tempFile() });
-  store.database.exec('CREATE TABLE probe (id INTEGER PRIMARY KEY)');
-  return {
-    store,
-    atomicProbe: {
-      write: (db: Database.Database) => void db.prepare('INSERT INTO probe DEFAULT VALUES').run(),
-      count: async () => (store.database.prepare('SELECT count(*) AS n FROM probe').get() as { n: number }).n,
-    },
-  };
-});
+/** Both drivers where this Node has them; node:sqlite says loudly why it is skipped on an older Node. */
+const DRIVERS: SqliteDriverName[] = ['better-sqlite3'];
+if (nodeSqliteAvailable()) DRIVERS.push('node:sqlite');
+else {
+  console.warn(
+    `\n!!!!!!!! SKIPPING node:sqlite TESTS: the node:sqlite driver needs Node ≥ ${NODE_SQLITE_MIN_VERSION}, this is ${process.version} !!!!!!!!\n`,
+  );
+}
 
-describeStoreConformance('sqlite (caller-owned connection, custom table)', async () => {
-  const database = new Database(tempFile());
-  return {
-    store: sqliteStore({ database, table: 'keys_for_test' }),
-    cleanup: async () => void database.close(),
-  };
-});
+for (const driver of DRIVERS) {
+  describeStoreConformance(`sqlite ${driver} (file, atomic probe)`, async () => {
+    const store = sqliteStore({ filename: tempFile(), driver });
+    store.database.exec('CREATE TABLE probe (id INTEGER PRIMARY KEY)');
+    return {
+      store,
+      atomicProbe: {
+        write: (db: SqliteDatabase) => void db.prepare('INSERT INTO probe DEFAULT VALUES').run(),
+        count: async () =>
+          (store.database.prepare('SELECT count(*) AS n FROM probe').get() as { n: number }).n,
+      },
+    };
+  });
+
+  describeStoreConformance(`sqlite ${driver} (caller-owned connection, custom table)`, async () => {
+    const database = openDatabase(tempFile(), driver, 5000);
+    return {
+      store: sqliteStore({ database, table: 'keys_for_test' }),
+      cleanup: async () => void database.close(),
+    };
+  });
+}
 
 function input(overrides: Partial<ClaimInput> = {}): ClaimInput {
   return {
@@ -68,13 +91,13 @@ function notes(filename: string): string[] {
   }
 }
 
-describe('sqliteStore transactions', () => {
+describe.each(DRIVERS)('sqliteStore transactions (%s)', (driver) => {
   let filename: string;
   let store: SqliteStore;
 
   beforeAll(() => {
     filename = tempFile();
-    store = sqliteStore({ filename });
+    store = sqliteStore({ filename, driver });
     store.database.exec('CREATE TABLE note (text TEXT NOT NULL)');
   });
   afterAll(() => store.close());
@@ -97,7 +120,7 @@ describe('sqliteStore transactions', () => {
     expect((await claimed).outcome).toBe('acquired');
     expect(events).toEqual(['transaction ending', 'claimed']);
     expect(notes(filename)).toEqual([]);
-    const other = sqliteStore({ filename });
+    const other = sqliteStore({ filename, driver });
     expect((await other.claim(claimInput)).outcome).toBe('in_progress');
     await other.close();
   });
@@ -132,6 +155,16 @@ describe('sqliteStore transactions', () => {
     expect(notes(filename)).toEqual(['outer', 'inner, kept']);
     expect((await store.claim(inner)).outcome).toBe('in_progress');
     store.database.exec('DELETE FROM note');
+  });
+
+  it("a claim inside the application's own BEGIN is a savepoint of it and rolls back with it", async () => {
+    const claimInput = input();
+    store.database.exec('BEGIN');
+    expect((await store.claim(claimInput)).outcome).toBe('acquired');
+    store.database.prepare('INSERT INTO note (text) VALUES (?)').run('rolled back');
+    store.database.exec('ROLLBACK');
+    expect(notes(filename)).toEqual([]);
+    expect((await store.claim(claimInput)).outcome).toBe('acquired');
   });
 
   it('rolls back a nested claim together with the atomic work', async () => {
@@ -191,7 +224,7 @@ describe('sqliteStore atomic request path', () => {
 
 describe('sqliteStore setup', () => {
   it('opens its file in WAL mode with a table keyed by (scope, key) and an index on expires_at_ms', async () => {
-    const store = sqliteStore({ filename: tempFile() });
+    const store = sqliteStore({ filename: tempFile(), driver: 'better-sqlite3' });
     expect(store.database.pragma('journal_mode', { simple: true })).toBe('wal');
     const plan = store.database
       .prepare('EXPLAIN QUERY PLAN SELECT rowid FROM idempotency_keys WHERE expires_at_ms <= ? LIMIT ?')
@@ -213,7 +246,7 @@ describe('sqliteStore setup', () => {
   });
 
   it('closes a connection it opened and leaves a passed one open', async () => {
-    const owned = sqliteStore({ filename: tempFile() });
+    const owned = sqliteStore({ filename: tempFile(), driver: 'better-sqlite3' });
     await owned.close();
     expect(owned.database.open).toBe(false);
     const database = new Database(tempFile());
@@ -239,13 +272,38 @@ describe('sqliteStore setup', () => {
     [{}, /exactly one of `filename` or `database`/],
     [{ filename: 'a.db', database: {} as Database.Database }, /exactly one of/],
     [{ filename: '' }, /filename/],
-    [{ database: {} as Database.Database }, /better-sqlite3 Database/],
+    [{ database: {} as Database.Database }, /better-sqlite3 Database or a node:sqlite DatabaseSync/],
+    [
+      { filename: ':memory:', driver: 'sqlite3' as SqliteDriverName },
+      /`driver` must be 'better-sqlite3' or 'node:sqlite'/,
+    ],
+    [
+      { database: new Database(':memory:'), driver: 'better-sqlite3' as const },
+      /a `database` brings its own/,
+    ],
     [{ filename: ':memory:', table: 'keys; DROP TABLE loan' }, /`table` must match/],
     [{ filename: ':memory:', busyTimeoutMs: 0 }, /busyTimeoutMs.*positive integer/],
     [{ filename: ':memory:', pollIntervalMs: 1.5 }, /pollIntervalMs/],
     [{ filename: ':memory:', pollIntervalMs: 100, maxPollIntervalMs: 50 }, /maxPollIntervalMs/],
   ])('rejects options %o', (options, message) => {
     expect(() => sqliteStore(options)).toThrow(message);
+  });
+
+  it.skipIf(nodeSqliteAvailable())(
+    `on Node < ${NODE_SQLITE_MIN_VERSION}, driver node:sqlite is refused with the version it needs`,
+    () => {
+      expect(() => sqliteStore({ filename: ':memory:', driver: 'node:sqlite' })).toThrow(
+        `node:sqlite needs Node ≥ ${NODE_SQLITE_MIN_VERSION}; this is Node ${process.versions.node}`,
+      );
+    },
+  );
+
+  it('names the driver it opened with; by default better-sqlite3 where it is installed', async () => {
+    for (const driver of [undefined, ...DRIVERS]) {
+      const store = sqliteStore({ filename: ':memory:', driver });
+      expect(store.driver).toBe(driver ?? 'better-sqlite3');
+      await store.close();
+    }
   });
 
   it('rejects a bad purge batch size', async () => {
@@ -318,34 +376,38 @@ describe('sqliteStore across processes', () => {
 
   // better-sqlite3's busy handler sleeps synchronously: one request waiting for the lock would
   // stall every other request of the process, reads included, and queue the next lock wait.
-  it("waiting for another process's write lock leaves the event loop free, within busyTimeoutMs", async () => {
-    const file = tempFile();
-    const store = sqliteStore({ filename: file, busyTimeoutMs: 1000 });
-    const held = input();
-    const claimed = await store.claim(held);
-    if (claimed.outcome !== 'acquired') throw new Error(`expected acquired, got ${claimed.outcome}`);
-    const { released } = await holdSqliteWriteLock(file, 2500);
-    try {
-      const events: string[] = [];
-      const timer = sleep(50).then(() => events.push('timer'));
-      const calls = [
-        store.renew(held.scope, held.key, claimed.token, 30_000),
-        store.claim(input()),
-        store.atomic(input(), async () => ({ response, commit: true })),
-        store.transaction(() => 'written'),
-      ].map((call) =>
-        call.then(
-          () => events.push('answered'),
-          (error: { code?: string }) => events.push(error.code ?? 'error'),
-        ),
-      );
-      await Promise.all([timer, ...calls]);
-      expect(events).toEqual(['timer', 'SQLITE_BUSY', 'SQLITE_BUSY', 'SQLITE_BUSY', 'SQLITE_BUSY']);
-    } finally {
-      await released;
-      await store.close();
-    }
-  }, 15_000);
+  it.each(DRIVERS)(
+    "with %s, waiting for another process's write lock leaves the event loop free, within busyTimeoutMs",
+    async (driver) => {
+      const file = tempFile();
+      const store = sqliteStore({ filename: file, busyTimeoutMs: 1000, driver });
+      const held = input();
+      const claimed = await store.claim(held);
+      if (claimed.outcome !== 'acquired') throw new Error(`expected acquired, got ${claimed.outcome}`);
+      const { released } = await holdSqliteWriteLock(file, 2500);
+      try {
+        const events: string[] = [];
+        const timer = sleep(50).then(() => events.push('timer'));
+        const calls = [
+          store.renew(held.scope, held.key, claimed.token, 30_000),
+          store.claim(input()),
+          store.atomic(input(), async () => ({ response, commit: true })),
+          store.transaction(() => 'written'),
+        ].map((call) =>
+          call.then(
+            () => events.push('answered'),
+            (error: unknown) => events.push(isBusyError(error) ? 'busy' : String(error)),
+          ),
+        );
+        await Promise.all([timer, ...calls]);
+        expect(events).toEqual(['timer', 'busy', 'busy', 'busy', 'busy']);
+      } finally {
+        await released;
+        await store.close();
+      }
+    },
+    15_000,
+  );
 
   it('of 4 processes × 20 concurrent claims of one key, exactly one acquires', async () => {
     const outcomes = await race(filename, 'claim', 4, 20);
@@ -416,7 +478,7 @@ function addRecords(db: Database.Database, live: number, expired: number) {
 
 describe('sqliteStore purge of many records', () => {
   it('purges an in-memory database in batches too', async () => {
-    const store = sqliteStore({ filename: ':memory:' });
+    const store = sqliteStore({ filename: ':memory:', driver: 'better-sqlite3' });
     addRecords(store.database, 10, 250);
     expect(await store.purgeExpired(100)).toBe(250);
     expect(await store.purgeExpired(100)).toBe(0);

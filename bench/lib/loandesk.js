@@ -49,6 +49,7 @@ export async function startLoanDesk(ctx, variant, { tag = '', env: extraEnv = {}
   }
   const env = { DATABASE_URL: databaseUrl, IDEMPOTENCY_MODE: variant.mode, ...extraEnv };
   // Its Redis keys hold the request's key, and so the run id that cleanup() looks for.
+  if (variant.driver) env.SQLITE_DRIVER = variant.driver;
   if (variant.store) env.IDEMPOTENCY_STORE = variant.store === 'redis' ? REDIS_URL : variant.store;
   const server = await startServer(LOAN_DESK, { ...start, env, ipcReady: false });
   return Object.assign(server, { countLoans: count, databaseUrl });

@@ -86,7 +86,11 @@ export function readConfig(env = process.env) {
     url.searchParams.delete('pooling');
     database = { kind: 'postgres', url: url.toString(), schema, pooling };
   } else {
-    database = { kind: 'sqlite', filename: databaseUrl.replace(/^(sqlite|file):(\/\/)?/, '') };
+    const driver = env.SQLITE_DRIVER || undefined;
+    if (driver !== undefined && driver !== 'better-sqlite3' && driver !== 'node:sqlite') {
+      fail('SQLITE_DRIVER', '`better-sqlite3` or `node:sqlite`');
+    }
+    database = { kind: 'sqlite', filename: databaseUrl.replace(/^(sqlite|file):(\/\/)?/, ''), driver };
   }
 
   const storeUrl = env.IDEMPOTENCY_STORE || 'database';

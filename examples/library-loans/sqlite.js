@@ -1,4 +1,4 @@
-import Database from 'better-sqlite3';
+import { createRequire } from 'node:module';
 import { sqliteStore } from 'retrysafe/sqlite';
 import { BOOKS, DEFAULT_INTENT_TTL_MS, MEMBERS } from './catalog.js';
 
@@ -37,25 +37,53 @@ const SECRET_TABLE = 'CREATE TABLE IF NOT EXISTS desk_secret (name TEXT PRIMARY 
  * second, read-only connection: in WAL mode it sees only committed loans and never waits for the
  * write lock. `setup: true` creates the file, the tables and the catalog when missing; the process
  * that starts first runs it, later runs change nothing. Without it the file must exist. `now`,
- * when given, is the key store's clock (`npm run demo` moves it).
+ * when given, is the key store's clock (`npm run demo` moves it). `driver` (optional) picks
+ * better-sqlite3 or node:sqlite; by default the store's choice. Only SQL both drivers run alike
+ * is used here (no `pluck`, no `pragma`), so the desk runs on either.
+ * @param {{ filename: string, setup?: boolean, now?: () => number, driver?: 'better-sqlite3' | 'node:sqlite' }} options
  */
-export async function openSqlite({ filename, setup, now }) {
+export async function openSqlite({ filename, setup, now, driver }) {
   // Only a setup may create the file: anything else (`npm run purge`) on a mistyped path must fail
   // rather than leave an empty database there.
-  if (!setup) {
+  const store = setup ? sqliteStore({ filename, now, driver }) : undefined;
+  let reader;
+  try {
+    reader = openReader(filename, store?.driver ?? driver);
+  } catch (error) {
+    throw new Error(`cannot open the SQLite database ${filename}: ${error.message}`);
+  }
+  return openTables(store ?? sqliteStore({ filename, now, driver }), reader, { setup, now });
+}
+
+const load = createRequire(import.meta.url);
+
+/**
+ * A read-only connection of the store's driver (default: better-sqlite3 where installed), which
+ * fails on a missing file instead of creating it.
+ */
+function openReader(filename, driver) {
+  if (driver !== 'node:sqlite') {
     try {
-      new Database(filename, { readonly: true, fileMustExist: true }).close();
+      const Database = load('better-sqlite3');
+      return new Database(filename, { readonly: true, fileMustExist: true });
     } catch (error) {
-      throw new Error(`cannot open the SQLite database ${filename}: ${error.message}`);
+      if (driver === 'better-sqlite3' || error.code !== 'MODULE_NOT_FOUND') throw error;
     }
   }
-  const store = sqliteStore({ filename, now });
+  const { DatabaseSync } = load('node:sqlite');
+  return new DatabaseSync(filename, { readOnly: true });
+}
+
+async function openTables(store, reader, { setup, now }) {
   const db = store.database;
-  db.pragma('foreign_keys = ON');
+  db.exec('PRAGMA foreign_keys = ON');
   if (setup) {
     await store.transaction(() => {
       db.exec(SCHEMA);
-      const columns = db.prepare('SELECT name FROM pragma_table_info(?)').pluck().all('loan');
+      const columns = db
+        .prepare('SELECT name FROM pragma_table_info(?)')
+        .all('loan')
+        .map((row) => row.name);
       if (!columns.includes('intent')) db.exec('ALTER TABLE loan ADD COLUMN intent TEXT');
       if (!columns.includes('intent_until_ms'))
         db.exec('ALTER TABLE loan ADD COLUMN intent_until_ms INTEGER');
@@ -70,9 +98,8 @@ export async function openSqlite({ filename, setup, now }) {
     });
   }
 
-  const reader = new Database(filename, { readonly: true, fileMustExist: true });
-  const bookExists = db.prepare('SELECT 1 FROM book WHERE isbn = ?').pluck();
-  const memberExists = db.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
+  const bookExists = db.prepare('SELECT 1 FROM book WHERE isbn = ?');
+  const memberExists = db.prepare('SELECT 1 FROM member WHERE id = ?');
   const insertLoan = db.prepare(
     `INSERT INTO loan (member, isbn, issuedAt, intent, intent_until_ms)
      VALUES (@member, @isbn, @issuedAt, @intent, @until)
@@ -91,11 +118,11 @@ export async function openSqlite({ filename, setup, now }) {
   const clock = now ?? Date.now;
   const allLoans = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
   const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
-  const loanCount = reader.prepare('SELECT count(*) FROM loan').pluck();
+  const loanCount = reader.prepare('SELECT count(*) AS n FROM loan');
   const oneFine = reader.prepare(`SELECT ${FINE_COLUMNS} FROM fine WHERE id = ?`);
   const allFines = reader.prepare(`SELECT ${FINE_COLUMNS} FROM fine ORDER BY id`);
   const finesOf = reader.prepare(`SELECT ${FINE_COLUMNS} FROM fine WHERE member = ? ORDER BY id`);
-  const readerMemberExists = reader.prepare('SELECT 1 FROM member WHERE id = ?').pluck();
+  const readerMemberExists = reader.prepare('SELECT 1 AS found FROM member WHERE id = ?');
   const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
   const allMembers = reader.prepare('SELECT id, name FROM member ORDER BY id');
 
@@ -105,12 +132,13 @@ export async function openSqlite({ filename, setup, now }) {
     if (!memberExists.get(loan.member)) return { missing: 'member' };
     const nowMs = clock();
     const until = intent === null ? null : nowMs + intentTtlMs;
-    const made = insertLoan.get({ ...loan, intent, until });
+    const row = { member: loan.member, isbn: loan.isbn, issuedAt: loan.issuedAt, intent, until };
+    const made = insertLoan.get(row);
     if (made) return { loan: made };
     const { intent_until_ms: lentUntil, ...lent } = lentLoan.get(intent);
     if (lentUntil > nowMs) return { loan: lent };
     forgetIntent.run(intent);
-    return { loan: insertLoan.get({ ...loan, intent, until }) };
+    return { loan: insertLoan.get(row) };
   }
 
   return {
@@ -124,7 +152,7 @@ export async function openSqlite({ filename, setup, now }) {
       tx ? lend(loan, intent, intentTtlMs) : store.transaction(() => lend(loan, intent, intentTtlMs)),
     listLoans: async () => allLoans.all(),
     getLoan: async (id) => oneLoan.get(id),
-    memberExists: async (id) => readerMemberExists.get(id) === 1,
+    memberExists: async (id) => readerMemberExists.get(id) !== undefined,
     /**
      * Records a pending fine; a second call with its `intent` returns the first. `tx` is the
      * connection inside a phase's transaction (see postgres.js), absent for a step of its own.
@@ -142,7 +170,7 @@ export async function openSqlite({ filename, setup, now }) {
     listFines: async (member) => (member === undefined ? allFines.all() : finesOf.all(member)),
     listBooks: async () => allBooks.all(),
     listMembers: async () => allMembers.all(),
-    countLoans: async () => loanCount.get(),
+    countLoans: async () => loanCount.get().n,
     /** The secret named `name`, made from `candidate` by the first process to ask; the same for all. */
     async secret(name, candidate) {
       await store.transaction(() =>
@@ -150,7 +178,7 @@ export async function openSqlite({ filename, setup, now }) {
           .prepare('INSERT INTO desk_secret (name, value) VALUES (?, ?) ON CONFLICT DO NOTHING')
           .run(name, candidate),
       );
-      return db.prepare('SELECT value FROM desk_secret WHERE name = ?').pluck().get(name);
+      return db.prepare('SELECT value FROM desk_secret WHERE name = ?').get(name).value;
     },
     close: async () => {
       reader.close();

@@ -82,7 +82,7 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
       (ctx) => {
         req.idempotency = ctx as IdempotencyContext<unknown> as IdempotencyContext<RegisteredTx>;
         before = res.getHeaders();
-        return capture(engine, res, () => next());
+        return capture(engine, res, () => next(), engine.answerHeaders(ctx.key));
       },
     );
     switch (outcome.kind) {

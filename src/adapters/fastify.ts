@@ -251,6 +251,7 @@ function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdemp
         (ctx) =>
           new Promise<CapturedResponse>((resolve, rejectCapture) => {
             request.idempotency = ctx as IdempotencyContext<unknown> as IdempotencyContext<RegisteredTx>;
+            reply.headers(engine.answerHeaders(ctx.key));
             pending.set(request, { resolve, reject: rejectCapture, outcome, settled: false });
             started();
           }),

@@ -73,7 +73,11 @@ export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<
         },
         async (ctx) => {
           contexts.set(request, ctx);
-          const captured = await captureWebResponse(engine.collect(), await handler(request, ...rest));
+          const captured = await captureWebResponse(
+            engine.collect(),
+            await handler(request, ...rest),
+            engine.answerHeaders(ctx.key),
+          );
           sent = captured.send;
           return captured.response;
         },

@@ -67,7 +67,7 @@ export function idempotency<Tx = RegisteredTx>(
           // Hono hands a handler's error to app.onError before we get back here; rethrowing it
           // tells the engine to release the key.
           if (c.error) throw c.error;
-          const captured = await captureWebResponse(engine.collect(), c.res);
+          const captured = await captureWebResponse(engine.collect(), c.res, engine.answerHeaders(ctx.key));
           sent = captured.send;
           return captured.response;
         },

@@ -86,6 +86,7 @@ export function idempotency<Tx = RegisteredTx>(options: KoaIdempotencyOptions<Tx
       async (idem) => {
         ctx.state.idempotency = idem;
         before = ctx.res.getHeaders();
+        ctx.set(engine.answerHeaders(idem.key));
         await next();
         const collector = engine.collect();
         const captured = await captureBody(collector, payloadOf(ctx));

@@ -137,7 +137,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
           (ctx) => {
             ran = true;
             contexts.set(req, ctx as IdempotencyContext);
-            return capture(engine, res, () => runRoute(next, subscriber));
+            return capture(engine, res, () => runRoute(next, subscriber), engine.answerHeaders(ctx.key));
           },
         )
         .then((outcome) => {

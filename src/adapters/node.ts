@@ -109,7 +109,7 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
           },
           (ctx) => {
             before = res.getHeaders();
-            return capture(engine, res, () => handler(request, res, ctx));
+            return capture(engine, res, () => handler(request, res, ctx), engine.answerHeaders(ctx.key));
           },
         );
         switch (outcome.kind) {

@@ -2,7 +2,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { createRequire } from 'node:module';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
-import Database from 'better-sqlite3';
+import type Database from 'better-sqlite3';
 import type {
   AbandonedOptions,
   AbandonedRecord,
@@ -36,9 +36,26 @@ import {
   summaryOf,
   Waiters,
 } from './internal.js';
+import {
+  type Driver,
+  driverOf,
+  isBusyError,
+  type NodeSqliteDatabase,
+  openDatabase,
+  type SqliteDatabase,
+  type SqliteDriverName,
+  type Statement,
+} from './sqlite-driver.js';
+
+export type {
+  NodeSqliteDatabase,
+  NodeSqliteStatement,
+  SqliteDatabase,
+  SqliteDriverName,
+} from './sqlite-driver.js';
 
 /** Options of {@link sqliteStore}. */
-export interface SqliteStoreOptions {
+export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
   /**
    * The database file to open (created if missing). Give this or `database`, not both.
    * @default undefined
@@ -46,12 +63,21 @@ export interface SqliteStoreOptions {
    */
   filename?: string;
   /**
-   * An open better-sqlite3 connection to use instead, e.g. the one holding the application's own
-   * tables (atomic mode needs that). It is used as configured and `close()` leaves it open.
+   * An open connection to use instead, e.g. the one holding the application's own tables (atomic
+   * mode needs that): a better-sqlite3 `Database` or a node:sqlite `DatabaseSync` (Node ≥ 22.16).
+   * It is used as configured and `close()` leaves it open.
    * @default undefined
    * @example database: new Database('library.db')
    */
-  database?: Database.Database;
+  database?: D;
+  /**
+   * The SQLite binding that opens `filename`: better-sqlite3 (a native addon), or Node's own
+   * node:sqlite (Node ≥ 22.16, nothing to install or rebuild). By default better-sqlite3 where it
+   * is installed, node:sqlite where it is not. With `database`, the connection's own.
+   * @default 'better-sqlite3' if installed, else 'node:sqlite'
+   * @example driver: 'node:sqlite'
+   */
+  driver?: SqliteDriverName;
   /**
    * The table holding the records; created with its index if missing.
    * @default 'idempotency_keys'
@@ -87,9 +113,13 @@ export interface SqliteStoreOptions {
 }
 
 /** The SQLite store: an {@link AtomicStore} whose transaction handle is the connection itself. */
-export interface SqliteStore extends AtomicStore<Database.Database>, PhaseStore<Database.Database> {
+export interface SqliteStore<D extends SqliteDatabase = SqliteDatabase>
+  extends AtomicStore<D>,
+    PhaseStore<D> {
   /** The connection; run the application's own statements on it inside {@link SqliteStore.transaction}. */
-  readonly database: Database.Database;
+  readonly database: D;
+  /** The binding the connection belongs to. */
+  readonly driver: SqliteDriverName;
   /**
    * Runs `fn` in `BEGIN IMMEDIATE` … `COMMIT` (`ROLLBACK` if it throws) on {@link SqliteStore.database}.
    * An async `fn` may await while the transaction is open: every other write of this store in this
@@ -104,7 +134,7 @@ export interface SqliteStore extends AtomicStore<Database.Database>, PhaseStore<
    * });
    * ```
    */
-  transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T>;
+  transaction<T>(fn: (db: D) => T | Promise<T>): Promise<T>;
 }
 
 /**
@@ -202,8 +232,9 @@ export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
 const STEP_COLUMNS = ['steps', 'request'] as const;
 
 /** `ALTER TABLE` for the step columns a table made by an older release lacks. */
-function addStepColumns(db: Database.Database, table: string): void {
-  const columns = new Set((db.pragma(`table_info("${table}")`) as { name: string }[]).map((c) => c.name));
+function addStepColumns(db: Driver, table: string): void {
+  const info = db.prepare(`SELECT name FROM pragma_table_info('${table}')`).all() as { name: string }[];
+  const columns = new Set(info.map((column) => column.name));
   for (const column of STEP_COLUMNS) {
     if (!columns.has(column)) db.exec(`ALTER TABLE "${table}" ADD COLUMN ${column} TEXT`);
   }
@@ -215,6 +246,7 @@ function addStepColumns(db: Database.Database, table: string): void {
 const OPTION_NAMES = optionNames<SqliteStoreOptions>({
   filename: true,
   database: true,
+  driver: true,
   table: true,
   busyTimeoutMs: true,
   pollIntervalMs: true,
@@ -223,8 +255,8 @@ const OPTION_NAMES = optionNames<SqliteStoreOptions>({
 });
 
 /**
- * An idempotency store in a SQLite file through better-sqlite3 12: WAL, safe for several
- * processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
+ * An idempotency store in a SQLite file through better-sqlite3 12 or Node's own node:sqlite
+ * (Node ≥ 22.16, see `driver`): WAL, safe for several processes on one host. Claims are one `INSERT … ON CONFLICT DO UPDATE … RETURNING`; `atomic`
  * commits the claim, the handler's own writes and the response in one transaction.
  *
  * Open one store per database file per process and run the application's own writes on
@@ -241,17 +273,32 @@ const OPTION_NAMES = optionNames<SqliteStoreOptions>({
  * });
  * ```
  */
+export function sqliteStore<D extends SqliteDatabase>(
+  options: SqliteStoreOptions<D> & { database: D },
+): SqliteStore<D>;
+export function sqliteStore(
+  options: SqliteStoreOptions & { filename: string; driver: 'node:sqlite' },
+): SqliteStore<NodeSqliteDatabase>;
+export function sqliteStore(
+  options: SqliteStoreOptions & { filename: string; driver: 'better-sqlite3' },
+): SqliteStore<Database.Database>;
+export function sqliteStore(options: SqliteStoreOptions): SqliteStore;
 export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   const options = checkOptions('sqliteStore()', given, OPTION_NAMES);
-  const { filename, database } = options;
+  const { filename, database, driver: driverName } = options;
   if ((filename === undefined) === (database === undefined)) {
     throw new ConfigError('sqliteStore: give exactly one of `filename` or `database`');
   }
   if (filename !== undefined && (typeof filename !== 'string' || filename === '')) {
     throw new ConfigError('sqliteStore: `filename` must be a non-empty string');
   }
-  if (database !== undefined && typeof (database as Partial<Database.Database>).prepare !== 'function') {
-    throw new ConfigError('sqliteStore: `database` must be a better-sqlite3 Database');
+  if (driverName !== undefined && driverName !== 'better-sqlite3' && driverName !== 'node:sqlite') {
+    throw new ConfigError(
+      `sqliteStore: \`driver\` must be 'better-sqlite3' or 'node:sqlite', got ${JSON.stringify(driverName)}`,
+    );
+  }
+  if (driverName !== undefined && database !== undefined) {
+    throw new ConfigError('sqliteStore: `driver` is for `filename`; a `database` brings its own');
   }
   const table = tableName(options.table ?? 'idempotency_keys');
   const busyTimeoutMs = requirePositiveInteger('sqliteStore', 'busyTimeoutMs', options.busyTimeoutMs ?? 5000);
@@ -272,13 +319,14 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   const ownsDatabase = database === undefined;
-  const db = database ?? new Database(filename, { timeout: timerMs(busyTimeoutMs) });
+  const handle = database ?? openDatabase(filename!, driverName, timerMs(busyTimeoutMs));
+  const db: Driver = driverOf(handle);
   if (ownsDatabase) {
-    db.pragma('journal_mode = WAL');
+    db.exec('PRAGMA journal_mode = WAL');
   } else if (options.busyTimeoutMs !== undefined) {
-    db.pragma(`busy_timeout = ${timerMs(busyTimeoutMs)}`);
+    db.exec(`PRAGMA busy_timeout = ${timerMs(busyTimeoutMs)}`);
   }
-  const configuredBusyMs = db.pragma('busy_timeout', { simple: true }) as number;
+  const configuredBusyMs = Object.values(db.prepare('PRAGMA busy_timeout').get() as object)[0] as number;
 
   const t = `"${table}"`;
   db.exec(sqliteMigrationSql({ table }).join(';\n'));
@@ -287,10 +335,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   // A row takes a new claim when its retention has passed (a new operation), or when it is in
   // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
   // Positional parameters: binding them costs a fraction of looking up named ones in an object.
-  const claimStatement = db.prepare<
-    [string, string, string, string, number, number, number, number, number, number, number],
-    { token: string; steps: string | null }
-  >(`
+  const claimStatement = db.prepare(`
     INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
     VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (scope, key) DO UPDATE SET
@@ -304,27 +349,27 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       OR (${t}.completed_at_ms IS NULL AND ${t}.lease_until_ms <= ?
           AND ${t}.fingerprint = excluded.fingerprint)
     RETURNING token, steps`);
-  const selectRecord = db.prepare<[string, string], RecordRow>(
+  const selectRecord = db.prepare(
     `SELECT fingerprint, lease_until_ms, expires_at_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
   );
-  const selectOwner = db.prepare<[string, string, number], { token: string }>(
+  const selectOwner = db.prepare(
     `SELECT token FROM ${t} WHERE scope = ? AND key = ? AND completed_at_ms IS NULL AND expires_at_ms > ?`,
   );
-  const selectLease = db.prepare<[string, string], LeaseRow>(
+  const selectLease = db.prepare(
     `SELECT lease_until_ms, completed_at_ms FROM ${t} WHERE scope = ? AND key = ?`,
   );
   // Fenced by the token: a request whose lease was taken over matches no row.
   // The saved request goes: a completed operation needs no completer.
-  const completeStatement = db.prepare<[number, number, string, Uint8Array, string, string, string, number]>(`
+  const completeStatement = db.prepare(`
     UPDATE ${t} SET completed_at_ms = ?, status = ?, headers = ?, body = ?, request = NULL
     WHERE scope = ? AND key = ? AND token = ?
       AND completed_at_ms IS NULL AND expires_at_ms > ?`);
-  const saveStepStatement = db.prepare<[string, string, string | null, string, string, string, number]>(`
+  const saveStepStatement = db.prepare(`
     UPDATE ${t} SET steps = json_insert(coalesce(steps, '[]'), '$[#]', json_object('name', ?, 'value', ?)),
       request = coalesce(?, request)
     WHERE scope = ? AND key = ? AND token = ?
       AND completed_at_ms IS NULL AND expires_at_ms > ?`);
-  const abandonedStatement = db.prepare<[number, number, number], AbandonedRow>(`
+  const abandonedStatement = db.prepare(`
     SELECT scope, key, fingerprint, request, lease_until_ms FROM ${t}
     WHERE request IS NOT NULL AND completed_at_ms IS NULL AND lease_until_ms <= ? AND expires_at_ms > ?
     ORDER BY lease_until_ms LIMIT ?`);
@@ -342,13 +387,13 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     DELETE FROM ${t} WHERE rowid IN (
       SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
 
-  const selectSummary = db.prepare<[string, string, number], SummaryRow>(
+  const selectSummary = db.prepare(
     `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
   );
   const deleteStatement = db.prepare(`DELETE FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`);
   // One statement per shape, each a range scan of the primary key, so a deep page costs no more
   // than the first.
-  const listStatements = new Map<string, Database.Statement<[Record<string, unknown>], SummaryRow>>();
+  const listStatements = new Map<string, Statement>();
   // Within one scope `key > ?` rather than the row value: SQLite's planner then ranges over both
   // columns of the key instead of scanning the scope from its start.
   function listStatement(byScope: boolean, after: 'none' | 'key' | 'row') {
@@ -384,16 +429,28 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       nowMs,
       nowMs,
       nowMs,
-    );
+    ) as { token: string; steps: string | null } | undefined;
     if (inserted?.token === token) {
       return inserted.steps === null
         ? { outcome: 'acquired', token }
         : { outcome: 'acquired', token, steps: stepsOf(inserted.steps) };
     }
-    return existing(selectRecord.get(input.scope, input.key)!, input, nowMs);
+    return existing(selectRecord.get(input.scope, input.key) as RecordRow, input, nowMs);
   }
-  // Inside an open transaction (of the application, or a claim from inside `atomic`'s work) a savepoint.
-  const claimTransaction = db.transaction(claimIn);
+
+  /** `fn` in a savepoint of the transaction open on the connection (the application's own). */
+  function inSavepoint<T>(fn: () => T): T {
+    const savepoint = `retrysafe_${++savepoints}`;
+    db.exec(`SAVEPOINT ${savepoint}`);
+    try {
+      const value = fn();
+      db.exec(`RELEASE ${savepoint}`);
+      return value;
+    } catch (error) {
+      if (db.inTransaction()) db.exec(`ROLLBACK TO ${savepoint}; RELEASE ${savepoint}`);
+      throw error;
+    }
+  }
 
   function existing(row: RecordRow, input: ClaimInput, nowMs: number): Settled {
     if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
@@ -414,9 +471,9 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   // A completed record never changes until it expires, so answering a retry of it needs no write
   // lock. Only outside a transaction: inside one, the read could see a record not committed yet.
   function completedNow(input: ClaimInput): Settled | undefined {
-    if (db.inTransaction) return undefined;
+    if (db.inTransaction()) return undefined;
     const nowMs = now();
-    const row = selectRecord.get(input.scope, input.key);
+    const row = selectRecord.get(input.scope, input.key) as RecordRow | undefined;
     if (!row || row.completed_at_ms === null || row.expires_at_ms <= nowMs) return undefined;
     return existing(row, input, nowMs);
   }
@@ -427,7 +484,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   /**
    * Runs `attempt`, which takes the write lock without waiting for it, again on `SQLITE_BUSY` until
-   * `deadlineMs`. The wait is ours, not better-sqlite3's: its busy handler sleeps synchronously,
+   * `deadlineMs`. The wait is ours, not the driver's: SQLite's busy handler sleeps synchronously,
    * stalling every request of this process (reads included) behind one that waits for another
    * process's lock.
    */
@@ -452,8 +509,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     }
   }
 
-  const isBusy = (error: unknown, deadlineMs: number) =>
-    (error as { code?: string }).code === 'SQLITE_BUSY' && Date.now() < deadlineMs;
+  const isBusy = (error: unknown, deadlineMs: number) => isBusyError(error) && Date.now() < deadlineMs;
 
   // SQLite applies busy_timeout when it prepares the PRAGMA, so neither can be a cached statement;
   // one exec with the BEGIN costs one call instead of three.
@@ -495,7 +551,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       commitStatement.run();
       return value;
     } catch (error) {
-      if (db.inTransaction) rollbackStatement.run();
+      if (db.inTransaction()) rollbackStatement.run();
       throw error;
     }
   }
@@ -564,7 +620,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   function runTransaction<T>(
-    fn: (db: Database.Database) => Promise<{ value: T; commit: boolean }>,
+    fn: (db: SqliteDatabase) => Promise<{ value: T; commit: boolean }>,
     timeoutMs?: number,
   ): Promise<T> {
     const nested = frames.getStore()?.open === true;
@@ -583,7 +639,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       const frame: Frame = { open: true, queue: new SerialQueue() };
       openFrames++;
       try {
-        const { value, commit } = await frames.run(frame, () => fn(db));
+        const { value, commit } = await frames.run(frame, () => fn(handle));
         // Operations the work started but did not await still belong to this transaction.
         if (!frame.queue.idle) await frame.queue.run(() => undefined);
         closeFrame(frame);
@@ -592,19 +648,19 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       } catch (error) {
         closeFrame(frame);
         // SQLite rolls back by itself on some errors; a second ROLLBACK would mask the first error.
-        if (db.inTransaction) end(false);
+        if (db.inTransaction()) end(false);
         throw error;
       }
     });
   }
 
-  function transaction<T>(fn: (db: Database.Database) => T | Promise<T>): Promise<T> {
+  function transaction<T>(fn: (db: SqliteDatabase) => T | Promise<T>): Promise<T> {
     return runTransaction(async (connection) => ({ value: await fn(connection), commit: true }));
   }
 
   async function atomic(
     input: ClaimInput,
-    work: (tx: Database.Database) => Promise<AtomicWorkResult>,
+    work: (tx: SqliteDatabase) => Promise<AtomicWorkResult>,
   ): Promise<AtomicResult> {
     const completed = completedNow(input);
     if (completed) return completed;
@@ -635,10 +691,10 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     if (completed) return Promise.resolve(completed);
     const deadlineMs = lockDeadlineMs(input.timeoutMs);
     return exclusive(() =>
-      db.inTransaction
+      db.inTransaction()
         ? whenUnlocked(
             deadlineMs,
-            withoutBusyWait(() => claimTransaction.immediate(input)),
+            withoutBusyWait(() => inSavepoint(() => claimIn(input))),
           )
         : inOwnTransaction(deadlineMs, () => claimIn(input)),
     );
@@ -660,11 +716,11 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     scope: string,
     key: string,
     token: string,
-    work: (tx: Database.Database) => Promise<SavedStep>,
+    work: (tx: SqliteDatabase) => Promise<SavedStep>,
     request?: string,
   ): Promise<boolean> {
     return runTransaction(async (connection) => {
-      const owner = selectOwner.get(scope, key, now());
+      const owner = selectOwner.get(scope, key, now()) as { token: string } | undefined;
       if (owner?.token !== token) return { value: false, commit: false };
       const step = await work(connection);
       return { value: saveStepNow(scope, key, token, step, request), commit: true };
@@ -674,7 +730,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   async function abandoned(options: AbandonedOptions = {}): Promise<AbandonedRecord[]> {
     const limit = abandonedLimit('sqliteStore.abandoned', options);
     const nowMs = now();
-    return abandonedStatement.all(nowMs, nowMs, limit).map(abandonedOf);
+    return (abandonedStatement.all(nowMs, nowMs, limit) as AbandonedRow[]).map(abandonedOf);
   }
 
   async function release(scope: string, key: string, token: string) {
@@ -711,7 +767,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       let leaseLeftMs = intervalMs;
       // An atomic original of this process may still be queued: no row yet, but in progress.
       if (!holding.has(id)) {
-        const row = selectLease.get(scope, key);
+        const row = selectLease.get(scope, key) as LeaseRow | undefined;
         if (!row || row.completed_at_ms !== null) return;
         leaseLeftMs = row.lease_until_ms - now();
         if (leaseLeftMs <= 0) return;
@@ -739,18 +795,17 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
     const { limit, scope, after } = listRequest('sqliteStore.list', options, 2);
     const position = !after ? 'none' : scope !== undefined && after[0] === scope ? 'key' : 'row';
-    const rows = listStatement(scope !== undefined, position).all({
-      nowMs: now(),
-      scope,
-      afterScope: after?.[0],
-      afterKey: after?.[1],
-      limit: limit + 1,
-    });
+    // Only the parameters the statement names: node:sqlite refuses unknown and undefined ones.
+    const parameters: Record<string, unknown> = { nowMs: now(), limit: limit + 1 };
+    if (scope !== undefined) parameters.scope = scope;
+    if (position !== 'none') parameters.afterKey = after![1];
+    if (position === 'row') parameters.afterScope = after![0];
+    const rows = listStatement(scope !== undefined, position).all(parameters) as SummaryRow[];
     return keysetPage(rows.map(summaryOf), limit);
   }
 
   async function get(scope: string, key: string) {
-    const row = selectSummary.get(scope, key, now());
+    const row = selectSummary.get(scope, key, now()) as SummaryRow | undefined;
     return row && summaryOf(row);
   }
 
@@ -770,7 +825,8 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   return {
     name: 'sqlite',
-    database: db,
+    database: handle,
+    driver: db.name,
     claim,
     complete,
     release,
@@ -792,11 +848,13 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 // The checkpointer's thread: its own connection to the file, a PASSIVE checkpoint per message.
 const CHECKPOINTER_SOURCE = `
 const { parentPort, workerData } = require('node:worker_threads');
-const Database = require(workerData.driver);
-const db = new Database(workerData.filename, { timeout: 1000 });
+const driver = require(workerData.driver);
+const db =
+  workerData.driver === 'node:sqlite' ? new driver.DatabaseSync(workerData.filename) : new driver(workerData.filename);
+db.exec('PRAGMA busy_timeout = 1000');
 parentPort.on('message', () => {
   try {
-    db.pragma('wal_checkpoint(PASSIVE)');
+    db.exec('PRAGMA wal_checkpoint(PASSIVE)');
   } catch {
     // The next checkpoint (or the serving connection's own, after the purge) catches up.
   }
@@ -811,14 +869,17 @@ parentPort.on('message', () => {
  * instead, and the serving connection's auto-checkpoint is off. `undefined` for a database with no
  * WAL file (in memory, another journal mode).
  */
-function walCheckpointer(db: Database.Database) {
-  if (db.memory || String(db.pragma('journal_mode', { simple: true })).toLowerCase() !== 'wal') {
-    return undefined;
-  }
-  const autoCheckpoint = db.pragma('wal_autocheckpoint', { simple: true }) as number;
-  db.pragma('wal_autocheckpoint = 0');
-  const driver = createRequire(import.meta.url).resolve('better-sqlite3');
-  const worker = new Worker(CHECKPOINTER_SOURCE, { eval: true, workerData: { driver, filename: db.name } });
+function walCheckpointer(db: Driver) {
+  const pragma = (name: string) => Object.values(db.prepare(`PRAGMA ${name}`).get() as object)[0] as unknown;
+  const main = (db.prepare('PRAGMA database_list').all() as { name: string; file: string }[]).find(
+    (database) => database.name === 'main',
+  );
+  if (!main?.file || String(pragma('journal_mode')).toLowerCase() !== 'wal') return undefined;
+  const autoCheckpoint = pragma('wal_autocheckpoint') as number;
+  db.exec('PRAGMA wal_autocheckpoint = 0');
+  const driver =
+    db.name === 'node:sqlite' ? 'node:sqlite' : createRequire(import.meta.url).resolve('better-sqlite3');
+  const worker = new Worker(CHECKPOINTER_SOURCE, { eval: true, workerData: { driver, filename: main.file } });
   worker.unref();
   let failed = false;
   let pending: (() => void) | undefined;
@@ -843,7 +904,11 @@ function walCheckpointer(db: Database.Database) {
     },
     async close(): Promise<void> {
       await worker.terminate();
-      if (db.open) db.pragma(`wal_autocheckpoint = ${autoCheckpoint}`);
+      try {
+        db.exec(`PRAGMA wal_autocheckpoint = ${autoCheckpoint}`);
+      } catch {
+        // The connection was closed meanwhile: nothing is left to restore.
+      }
     },
   };
 }

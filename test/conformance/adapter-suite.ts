@@ -603,6 +603,51 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(app.calls['POST /orders']).toBe(1);
           }));
 
+        it('echoKey: fresh answers, streamed ones, replays and errors to a keyed request carry its Idempotency-Key', () =>
+          withApp({ echoKey: true }, async (app) => {
+            const key = newKey();
+            const fresh = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            const replay = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            expectReplayOf(replay, fresh);
+            const conflict = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
+            expect(conflict.status).toBe(409);
+            const streamKey = newKey();
+            const streamed = await send(app, 'POST', '/stream?size=3000', { key: streamKey });
+            const empty = await send(app, 'POST', '/empty', { key: `"${key}-e"` });
+            for (const [reply, sent] of [
+              [fresh, key],
+              [replay, key],
+              [conflict, key],
+              [streamed, streamKey],
+              [empty, `${key}-e`],
+            ] as const) {
+              expect(reply.headers.get('idempotency-key')).toBe(sent);
+            }
+            const keyless = await send(app, 'POST', '/orders', { body: { a: 1 } });
+            expect(keyless.headers.get('idempotency-key')).toBeNull();
+          }));
+
+        it('echoKey with the ietf profile echoes the key as an sf-string; without echoKey nothing is echoed', async () => {
+          const key = newKey();
+          await withApp({ echoKey: true, profile: 'ietf' }, async (app) => {
+            const fresh = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            const replay = await send(app, 'POST', '/orders', { key, body: { a: 1 } });
+            expect([fresh.headers.get('idempotency-key'), replay.headers.get('idempotency-key')]).toEqual([
+              `"${key}"`,
+              `"${key}"`,
+            ]);
+          });
+          await withApp({}, async (app) => {
+            const other = newKey();
+            const fresh = await send(app, 'POST', '/orders', { key: other, body: { a: 1 } });
+            const replay = await send(app, 'POST', '/orders', { key: other, body: { a: 1 } });
+            expect([fresh.headers.get('idempotency-key'), replay.headers.get('idempotency-key')]).toEqual([
+              null,
+              null,
+            ]);
+          });
+        });
+
         it('a quoted sf-string key and the same bare key name one operation', () =>
           withApp({}, async (app) => {
             const key = newKey();
@@ -802,7 +847,12 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             const reply = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
             expect(reply.status).toBe(422);
             expect(reply.headers.get('content-type')).toBe('application/problem+json');
-            expect(reply.json()).toMatchObject({ status: 422, title: 'key_conflict' });
+            expect(reply.json()).toMatchObject({
+              type: 'about:blank',
+              title: 'Unprocessable Entity',
+              status: 422,
+              code: 'key_conflict',
+            });
           }));
 
         it('onError renders engine errors', () =>

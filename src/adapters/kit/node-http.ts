@@ -315,13 +315,16 @@ function heldEnd(
  * Runs the handler with `res` intercepted: status, headers and body are held back until the
  * engine has saved them (and, in atomic mode, committed), then sent. The engine's collector
  * decides what is kept; a lease-mode response that outgrows `maxResponseBytes` is streamed
- * through instead and reported as incomplete.
+ * through instead and reported as incomplete. `answerHeaders` (the engine's, for the request's
+ * key) are set on `res` before the handler runs, so it may still change them.
  */
 export function capture(
   engine: Pick<Idempotency, 'collect'>,
   res: ServerResponse,
   invoke: () => unknown,
+  answerHeaders: Readonly<Record<string, string>> = {},
 ): Promise<CapturedResponse> {
+  for (const name in answerHeaders) res.setHeader(name, answerHeaders[name] as string);
   return new Promise<CapturedResponse>((resolve, reject) => {
     const held = new Held(res, engine.collect(), resolve);
     const failed = (error: unknown) => {

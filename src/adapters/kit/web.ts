@@ -23,13 +23,22 @@ export function toResponse(stored: StoredResponse): Response {
 /**
  * Reads the handler's Response into the engine's collector and gives back the response to send in
  * its place (its body was consumed): the whole body when it was kept; past `maxResponseBytes`,
- * what was read followed by the rest of the stream (lease mode), or nothing (atomic mode).
+ * what was read followed by the rest of the stream (lease mode), or nothing (atomic mode). The
+ * response sent carries `answerHeaders` too (the engine's, for the request's key), unless the
+ * handler set them itself.
  */
 export async function captureWebResponse(
   collector: ResponseCollector,
   res: Response,
+  answerHeaders: Readonly<Record<string, string>>,
 ): Promise<{ response: CapturedResponse; send: Response }> {
-  const init = { status: res.status, statusText: res.statusText, headers: res.headers };
+  let headers = res.headers;
+  for (const name in answerHeaders) {
+    if (headers.has(name)) continue;
+    if (headers === res.headers) headers = new Headers(headers);
+    headers.set(name, answerHeaders[name] as string);
+  }
+  const init = { status: res.status, statusText: res.statusText, headers };
   const captured = () => collector.response(res.status, (name) => res.headers.get(name));
   if (res.body === null) return { response: captured(), send: new Response(null, init) };
 

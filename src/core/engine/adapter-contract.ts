@@ -87,6 +87,11 @@ export interface Idempotency<Req = unknown, Tx = unknown> {
   ): Promise<Outcome>;
   /** The HTTP response for an engine error: `onError`'s, or JSON (`ietf`: problem+json). */
   render(error: IdempotencyError): StoredResponse;
+  /**
+   * Headers the adapter adds to the handler's fresh answer to a request keyed `key` (`echoKey`);
+   * replays and rendered errors carry them already. Empty unless an option asks for some.
+   */
+  answerHeaders(key: string): Readonly<Record<string, string>>;
   /** The 413 error an adapter's `readBody` throws past `maxBodyBytes`; `handle` answers it. */
   bodyTooLarge(): IdempotencyError;
   /** A collector for one handler's response, which the adapter feeds as the response goes out. */

@@ -6,6 +6,7 @@ import type { IncomingRequest } from '../request/index.js';
 import { fingerprint, parseIdempotencyKey, type RequestBody } from '../request/index.js';
 import type { CapturedResponse } from '../response/index.js';
 import {
+  answerHeaders,
   bodyTooLarge,
   inProgress,
   keyInvalid,
@@ -239,6 +240,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     maxResponseBytes: config.maxResponseBytes,
     handle,
     render: (error) => render(config, error),
+    answerHeaders: (key) => answerHeaders(config, key),
     // Every adapter makes this error once per oversized request, guarded or not yet known to be.
     bodyTooLarge: () => {
       const error = bodyTooLarge(config);

@@ -55,7 +55,7 @@ export function engineEvents<Req>(config: ResolvedOptions<Req>, emit: Idempotenc
   ): Outcome | Promise<Outcome> {
     let response: StoredResponse;
     try {
-      response = toReplay(config, stored);
+      response = toReplay(config, stored, claim.key);
     } catch (cause) {
       return rejected(replayUnreadable(cause, claim.key), 'replay_unreadable', claim.scope);
     }

@@ -85,6 +85,8 @@ export interface ResolvedOptions<Req = unknown> {
   readonly storedHeaderNames: readonly string[];
   /** The lower-case header a replay carries, or `undefined` for none. */
   readonly replayedHeader: string | undefined;
+  /** The lower-case header every answer to a keyed request echoes its key in (`echoKey`), or `undefined`. */
+  readonly echoKeyHeader: string | undefined;
   readonly cipher: BodyCipher | undefined;
   readonly mismatchStatus: number;
   readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
@@ -139,6 +141,9 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     options.replayedHeader === false
       ? undefined
       : headerNameOption('replayedHeader', options.replayedHeader ?? REPLAYED_HEADER).toLowerCase();
+  if (options.echoKey !== undefined && typeof options.echoKey !== 'boolean') {
+    throw new ConfigError('retrysafe: option `echoKey` must be true or false');
+  }
   for (const fn of ['scope', 'key', 'fingerprintBody', 'storeStatus', 'onError', 'onEvent'] as const) {
     if (options[fn] !== undefined && typeof options[fn] !== 'function') {
       throw new ConfigError(`retrysafe: option \`${fn}\` must be a function`);
@@ -185,6 +190,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     replayHeaders,
     storedHeaderNames,
     replayedHeader,
+    echoKeyHeader: options.echoKey ? headerName.toLowerCase() : undefined,
     cipher,
     mismatchStatus,
     onError: options.onError,

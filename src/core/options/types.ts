@@ -152,6 +152,14 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   replayedHeader?: string | false;
   /**
+   * Sends the request's key back on every answer to a keyed request (fresh, replayed, or an
+   * error), in the key header (`headerName`): stripe-node reads it into `lastResponse`. Bare when
+   * the key allows it (`OD-7f21`), else (and always with `profile: 'ietf'`) a quoted sf-string.
+   * @default false
+   * @example echoKey: true
+   */
+  echoKey?: boolean;
+  /**
    * Which statuses are saved; the others release the key, so a retry runs again. By default
    * 5xx are released (the retry may succeed), and so are 400, 413, 415, 422 and 429: the request
    * was never accepted, and the corrected one may reuse the key. Compose with `defaultStoreStatus`.
@@ -233,6 +241,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   fingerprintBody: true,
   replayHeaders: true,
   replayedHeader: true,
+  echoKey: true,
   storeStatus: true,
   minKeyLength: true,
   maxKeyLength: true,

@@ -1,4 +1,4 @@
-import { parseItem, parseList } from 'structured-headers';
+import { parseItem, parseList, serializeItem } from 'structured-headers';
 
 /** Bounds a key must fit. */
 export interface KeyBounds {
@@ -30,6 +30,14 @@ function isJoined(raw: string): boolean {
     // Not a structured list; it may still be bare keys, which need not be sf-tokens.
   }
   return raw.split(',').every((part) => BARE_KEY.test(trimOws(part)));
+}
+
+/**
+ * `key` as an `Idempotency-Key` header value that {@link parseIdempotencyKey} reads back: bare
+ * when it can be, or a quoted sf-string (always, with `sfString`: the IETF draft's form).
+ */
+export function keyHeaderValue(key: string, sfString: boolean): string {
+  return !sfString && BARE_KEY.test(key) ? key : serializeItem(key);
 }
 
 /**

@@ -1,6 +1,7 @@
+import { STATUS_CODES } from 'node:http';
 import { ErrorCode, IdempotencyError, type StoredResponse } from '../contract/index.js';
 import type { BodyCipher } from './crypto.js';
-import { withHeader } from './stored.js';
+import { withHeader, withKeyEcho } from './stored.js';
 
 // A duplicate polls no slower than this while it waits, so a missed notification costs little.
 export const MAX_WAIT_SLICE_MS = 1000;
@@ -10,6 +11,8 @@ export interface ResponseShaping {
   readonly replayHeaders: ReadonlySet<string>;
   /** Lower-case, or `undefined` for no replay header. */
   readonly replayedHeader: string | undefined;
+  /** The lower-case header every answer to a keyed request echoes its key in (`echoKey`), or `undefined`. */
+  readonly echoKeyHeader: string | undefined;
   readonly cipher: BodyCipher | undefined;
   readonly mismatchStatus: number;
   readonly profile: 'default' | 'ietf';
@@ -77,10 +80,24 @@ export const bodyTooLarge = (config: ResponseShaping) =>
 
 /** The HTTP response for an engine error: `onError`'s, or JSON (`ietf`: problem+json). */
 export function render(config: ResponseShaping, error: IdempotencyError): StoredResponse {
+  const rendered = renderError(config, error);
+  if (error.key === undefined || config.echoKeyHeader === undefined) return rendered;
+  return { ...rendered, headers: withKeyEcho(config, rendered.headers, error.key) };
+}
+
+function renderError(config: ResponseShaping, error: IdempotencyError): StoredResponse {
   const custom = config.onError?.(error);
   if (custom) return custom;
   if (config.profile === 'ietf') {
-    const problem = { type: `about:blank`, title: error.code, status: error.status, detail: error.message };
+    // RFC 9457 §4.2.1: a problem of type about:blank is titled with the status phrase; our code
+    // rides along as an extension member.
+    const problem = {
+      type: 'about:blank',
+      title: STATUS_CODES[error.status] ?? 'Error',
+      status: error.status,
+      detail: error.message,
+      code: error.code,
+    };
     return {
       status: error.status,
       headers: withHeader(error.headers, 'content-type', 'application/problem+json'),

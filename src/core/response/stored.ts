@@ -1,4 +1,5 @@
 import type { StoredResponse } from '../contract/index.js';
+import { keyHeaderValue } from '../request/key.js';
 import type { ResponseShaping } from './render.js';
 
 export function toStored(config: ResponseShaping, response: StoredResponse): StoredResponse {
@@ -26,13 +27,35 @@ export function withHeader<V>(headers: Record<string, V>, name: string, value: V
   return copy;
 }
 
-export function toReplay(config: ResponseShaping, stored: StoredResponse): StoredResponse {
+/** The headers every answer to a request keyed `key` carries besides its own: `echoKey`'s. */
+export function answerHeaders(config: ResponseShaping, key: string): Readonly<Record<string, string>> {
+  if (config.echoKeyHeader === undefined) return NO_HEADERS;
+  return { [config.echoKeyHeader]: keyHeaderValue(key, config.profile === 'ietf') };
+}
+const NO_HEADERS: Readonly<Record<string, string>> = Object.freeze({});
+
+/** `headers` with `echoKey`'s header added, when that option is on. */
+export function withKeyEcho(
+  config: ResponseShaping,
+  headers: Record<string, string>,
+  key: string,
+): Record<string, string> {
+  return config.echoKeyHeader === undefined
+    ? headers
+    : withHeader(headers, config.echoKeyHeader, keyHeaderValue(key, config.profile === 'ietf'));
+}
+
+export function toReplay(config: ResponseShaping, stored: StoredResponse, key: string): StoredResponse {
   return {
     status: stored.status,
     // A copy either way: the memory store hands out the record it keeps.
-    headers: config.replayedHeader
-      ? withHeader(stored.headers, config.replayedHeader, 'true')
-      : { ...stored.headers },
+    headers: withKeyEcho(
+      config,
+      config.replayedHeader
+        ? withHeader(stored.headers, config.replayedHeader, 'true')
+        : { ...stored.headers },
+      key,
+    ),
     body: config.cipher ? config.cipher.open(stored.body) : stored.body,
   };
 }
