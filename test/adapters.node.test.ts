@@ -9,6 +9,7 @@ import {
   describeAdapterConformance,
   listen,
   memory,
+  mysql,
   paced,
   plan,
   postgres,
@@ -52,7 +53,7 @@ const nodeAdapter: AdapterUnderTest = {
   },
 };
 
-describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, redis]);
+describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, mysql, redis]);
 
 const MiB = 1024 * 1024;
 
