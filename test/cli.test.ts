@@ -15,7 +15,7 @@ import Database from 'better-sqlite3';
 import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { IdempotencyStore } from '../src/core/types.js';
+import type { IdempotencyStore } from '../src/core/contract/index.js';
 import { mysqlStore } from '../src/stores/mysql.js';
 import { postgresStore } from '../src/stores/postgres.js';
 import { redisStore } from '../src/stores/redis.js';

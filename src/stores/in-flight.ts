@@ -1,5 +1,5 @@
-import { timerMs } from '../core/timer.js';
-import type { AtomicResult, ClaimInput, StoredResponse } from '../core/types.js';
+import type { AtomicResult, ClaimInput, StoredResponse } from '../core/contract/index.js';
+import { timerMs } from '../core/options/index.js';
 
 interface Settled {
   fingerprint: string;

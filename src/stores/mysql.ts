@@ -16,7 +16,7 @@ import {
   RetrysafeError,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
+import { checkOptions, optionNames } from '../core/options/index.js';
 import { atomicInFlight } from './in-flight.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,

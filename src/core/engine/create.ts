@@ -1,42 +1,25 @@
-import type {
-  CapturedResponse,
-  Idempotency,
-  IdempotencyContext,
-  IncomingRequest,
-  Outcome,
-} from './adapter-contract.js';
-import { ResponseCollector } from './collector.js';
-import { deadlineGuard } from './deadline.js';
-import { engineEvents, waitResultOf } from './engine-events.js';
-import { isIdempotencyError } from './errors.js';
-import { safeListener } from './events.js';
-import { fingerprint, type RequestBody } from './fingerprint.js';
-import { parseIdempotencyKey } from './key.js';
-import type { IdempotencyOptions } from './options.js';
-import { resolveOptions } from './resolve-options.js';
+import type { ClaimInput, IdempotencyStore } from '../contract/index.js';
+import { isIdempotencyError, safeListener } from '../contract/index.js';
+import type { IdempotencyOptions } from '../options/index.js';
+import { resolveOptions } from '../options/index.js';
+import type { IncomingRequest } from '../request/index.js';
+import { fingerprint, parseIdempotencyKey, type RequestBody } from '../request/index.js';
+import type { CapturedResponse } from '../response/index.js';
 import {
   bodyTooLarge,
   inProgress,
   keyInvalid,
   keyMissing,
   MAX_WAIT_SLICE_MS,
+  ResponseCollector,
   render,
   storeDown,
-} from './responses.js';
-import { atomicRunner } from './run-atomic.js';
-import { leasedRunner } from './run-leased.js';
-import type { ClaimInput, IdempotencyStore } from './types.js';
-
-// The engine's names, where adapters and tests have always imported them from.
-export type {
-  CapturedResponse,
-  Idempotency,
-  IdempotencyContext,
-  IncomingRequest,
-  Outcome,
-} from './adapter-contract.js';
-export { DEFAULT_REPLAY_HEADERS, defaultStoreStatus, type IdempotencyOptions } from './options.js';
-export { REPLAYED_HEADER } from './responses.js';
+} from '../response/index.js';
+import type { Idempotency, IdempotencyContext, Outcome } from './adapter-contract.js';
+import { atomicRunner } from './atomic-mode.js';
+import { deadlineGuard } from './deadline.js';
+import { leasedRunner } from './lease-mode.js';
+import { engineEvents, waitResultOf } from './outcomes.js';
 
 const PASS: Outcome = Object.freeze({ kind: 'pass' });
 
