@@ -83,7 +83,10 @@ describe('loan desk DATABASE_URL mistakes', () => {
     ['postgres://[bad', /DATABASE_URL="postgres:\/\/\[bad" is invalid: .*host/],
     ['postgres://root@127.0.0.1:99999/test', /DATABASE_URL=.* is invalid: .*port 99999/],
     ['postgress://root@127.0.0.1:5432/test', /DATABASE_URL=.* is invalid: .*postgress:/],
-    ['mysql://root@127.0.0.1:3306', /DATABASE_URL=.* is invalid: expected a mysql:\/\/ URL naming its database/],
+    [
+      'mysql://root@127.0.0.1:3306',
+      /DATABASE_URL=.* is invalid: expected a mysql:\/\/ URL naming its database/,
+    ],
     ['mysql://root@127.0.0.1:99999/library', /DATABASE_URL=.* is invalid: .*port 99999/],
   ])('%s stops the start naming the variable and the mistake, exit 1, no stack', async (url, message) => {
     const start = run(process.execPath, ['examples/library-loans/server.js'], {
