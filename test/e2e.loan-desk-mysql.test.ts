@@ -66,8 +66,13 @@ describe.skipIf(!hasMysql)('loan desk on MariaDB, WORKERS=2', () => {
         const { key, body } = keys[i % 20]!;
         return postLoan(desk.baseUrl, body, { key }).then((response) => ({ key, response }));
       }),
-    );
+    ).catch((error) => {
+      throw new Error(`${(error as Error).message}; the desk said:\n${desk.output().slice(-3000)}`, {
+        cause: error,
+      });
+    });
     expect(responses.map(({ response }) => response.status)).toEqual(Array(200).fill(201));
+    expect(desk.output()).not.toMatch(/worker \d+ died/);
     for (const { key } of keys) {
       const mine = responses.filter((r) => r.key === key).map((r) => r.response);
       expect(new Set(mine.map((r) => r.text)).size).toBe(1);

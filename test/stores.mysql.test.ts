@@ -234,6 +234,39 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       expect(await effects(key)).toBe(1);
     });
 
+    it('fails within timeoutMs when the pool has no connection to give, and runs nothing', async () => {
+      const pool = mysql.createPool({ uri: database.url, connectionLimit: 1 });
+      const own = mysqlStore({ pool });
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      try {
+        const first = own.atomic(input('pool-held'), async () => {
+          await held;
+          return { response: response('first'), commit: true };
+        });
+        await sleep(100);
+        let ran = false;
+        await expect(
+          own.atomic({ ...input('pool-starved'), timeoutMs: 300 }, async () => {
+            ran = true;
+            return { response: response('second'), commit: true };
+          }),
+        ).rejects.toThrow(/no pool connection within 300 ms/);
+        expect(ran).toBe(false);
+        release();
+        expect((await first).outcome).toBe('executed');
+        // The connection that came too late went back to the pool: the next call gets it.
+        expect(
+          (await own.atomic(input('pool-starved'), async () => ({ response: response('x'), commit: true })))
+            .outcome,
+        ).toBe('executed');
+      } finally {
+        release();
+        await own.close();
+        await pool.end();
+      }
+    });
+
     it('leaves the session lock wait as it found it for the handler', async () => {
       const pool = mysql.createPool({ uri: database.url, connectionLimit: 1 });
       const own = mysqlStore({ pool });

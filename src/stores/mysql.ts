@@ -16,7 +16,7 @@ import {
   RetrysafeError,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions, optionNames } from '../core/options/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import { atomicInFlight } from './in-flight.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
@@ -93,6 +93,9 @@ const BLOCKED_RETRY_AFTER_MS = 1000;
 // UTC_TIMESTAMP, unlike NOW(), ignores the session's time zone (and its DST gaps); it is fixed
 // for the duration of a statement, so every use in one statement agrees.
 const NOW_MS = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
+/** How long an atomic claim may take, pool wait included, when the caller gives no `timeoutMs`. */
+const DEFAULT_ATOMIC_TIMEOUT_MS = 15_000;
+const QUERY_TIMEOUT = 'PROTOCOL_SEQUENCE_TIMEOUT';
 const ER_NO_SUCH_TABLE = 'ER_NO_SUCH_TABLE';
 const ER_LOCK_WAIT_TIMEOUT = 'ER_LOCK_WAIT_TIMEOUT';
 const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
@@ -263,8 +266,9 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     on: Queryable,
     sql: string,
     values: { [name: string]: QueryValues },
+    timeoutMs?: number,
   ): Promise<T> {
-    const [result] = await on.query<T>({ sql, namedPlaceholders: true }, values);
+    const [result] = await on.query<T>({ sql, namedPlaceholders: true, timeout: timeoutMs }, values);
     return result;
   }
 
@@ -305,7 +309,11 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
    * only a write of our token does) the row it met. `undefined`: the row changed between the two
    * (released, purged, its lease passed); ask again.
    */
-  async function claimOnce(on: Queryable, input: ClaimInput): Promise<ClaimResult | undefined> {
+  async function claimOnce(
+    on: Queryable,
+    input: ClaimInput,
+    timeoutMs?: number,
+  ): Promise<ClaimResult | undefined> {
     const token = randomUUID();
     const values = {
       scope: input.scope,
@@ -315,9 +323,9 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       leaseMs: input.leaseMs,
       retainMs: Math.max(input.leaseMs, input.ttlMs),
     };
-    const claimed = await run<ResultSetHeader>(on, CLAIM, values);
+    const claimed = await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
     if (claimed.affectedRows === 2) return { outcome: 'acquired', token };
-    const [row] = await run<RecordRow[]>(on, RECORD, values);
+    const [row] = await run<RecordRow[]>(on, RECORD, values, timeoutMs);
     if (!row) return undefined;
     if (row.token === token) return { outcome: 'acquired', token };
     if (row.claimable) return undefined;
@@ -355,11 +363,29 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     return true;
   }
 
+  /**
+   * A pool connection, or a rejection once `timeoutMs` has passed: mysql2's pool queues callers
+   * without a bound, and an atomic call must fail within its store timeout, not hang. A connection
+   * that comes after that goes straight back.
+   */
+  function connectionWithin(timeoutMs: number): Promise<PoolConnection> {
+    const connecting = pool.getConnection();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        connecting.then((connection) => connection.release()).catch(() => {});
+        reject(new RetrysafeError(`mysqlStore: no pool connection within ${timeoutMs} ms`));
+      }, timerMs(timeoutMs));
+    });
+    return Promise.race([connecting, timedOut]).finally(() => clearTimeout(timer));
+  }
+
   async function atomicOnConnection(
     input: ClaimInput,
     work: (tx: PoolConnection) => Promise<AtomicWorkResult>,
   ): Promise<AtomicResult> {
-    const connection = await pool.getConnection();
+    const timeoutMs = Math.max(1, input.timeoutMs ?? DEFAULT_ATOMIC_TIMEOUT_MS);
+    const connection = await connectionWithin(timeoutMs);
     let broken = false;
     try {
       // A duplicate blocks on the record's row lock until the first's transaction ends; InnoDB
@@ -370,16 +396,19 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
         await connection.beginTransaction();
         let claimed: ClaimResult | undefined;
         try {
-          claimed = await own(() => claimOnce(connection, input), connection);
+          // The client-side bound, for what InnoDB's row-lock wait does not cover (a table lock,
+          // a server that stopped answering): the connection is then discarded.
+          claimed = await own(() => claimOnce(connection, input, timeoutMs + waitS * 1000), connection);
         } catch (error) {
           const code = (error as { code?: string }).code;
           if (code === ER_LOCK_WAIT_TIMEOUT) {
             claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
           } else if (code !== ER_LOCK_DEADLOCK) {
+            if (code === QUERY_TIMEOUT) broken = true;
             throw error;
           }
         } finally {
-          await connection.query('SET SESSION innodb_lock_wait_timeout = DEFAULT');
+          if (!broken) await connection.query('SET SESSION innodb_lock_wait_timeout = DEFAULT');
         }
         if (!claimed && attempt === CLAIM_ATTEMPTS) claimed = { outcome: 'in_progress', retryAfterMs: 0 };
         if (claimed?.outcome === 'acquired') {
@@ -404,9 +433,11 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
         if (claimed) return claimed;
       }
     } catch (error) {
-      await connection.rollback().catch(() => {
-        broken = true;
-      });
+      if (!broken) {
+        await connection.rollback().catch(() => {
+          broken = true;
+        });
+      }
       throw error;
     } finally {
       if (broken) connection.destroy();
