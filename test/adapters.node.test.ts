@@ -13,6 +13,7 @@ import {
   paced,
   plan,
   postgres,
+  postgresBehindPgBouncer,
   type RunningApp,
   redis,
   sqlite,
@@ -53,7 +54,7 @@ const nodeAdapter: AdapterUnderTest = {
   },
 };
 
-describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, mysql, redis]);
+describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, mysql, redis]);
 
 const MiB = 1024 * 1024;
 

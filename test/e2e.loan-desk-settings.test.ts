@@ -88,6 +88,10 @@ describe('loan desk DATABASE_URL mistakes', () => {
       /DATABASE_URL=.* is invalid: expected a mysql:\/\/ URL naming its database/,
     ],
     ['mysql://root@127.0.0.1:99999/library', /DATABASE_URL=.* is invalid: .*port 99999/],
+    [
+      'postgres://root@127.0.0.1:6432/test?pooling=statement',
+      /DATABASE_URL=.* is invalid: .*pooling=transaction/,
+    ],
   ])('%s stops the start naming the variable and the mistake, exit 1, no stack', async (url, message) => {
     const start = run(process.execPath, ['examples/library-loans/server.js'], {
       cwd: ROOT,
