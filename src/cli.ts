@@ -15,7 +15,8 @@ const USAGE = `Usage:
           or --redis-url <url> [--prefix <prefix>]
           or --redis-cluster <host:port,...> [--prefix <prefix>]
 
-  --database-url  a postgres:// (or postgresql://) URL, or the path of a SQLite file ending
+  --database-url  a postgres:// (or postgresql://) URL, a mysql:// URL naming its database
+                  (MySQL or MariaDB), or the path of a SQLite file ending
                   .db, .sqlite or .sqlite3; anything else is refused. Defaults to the
                   DATABASE_URL environment variable
   --schema        PostgreSQL schema of the table (default: public)
@@ -40,16 +41,18 @@ class UsageError extends Error {
 }
 
 const POSTGRES_URL = /^postgres(ql)?:\/\//;
+const MYSQL_URL = /^mysql:\/\//;
 // A SQLite file is named by its extension, so a URL whose scheme was mistyped or forgotten
 // (`postgres@host:5432`, `postgress://…`) is refused instead of becoming a new file of that name.
 const SQLITE_FILE = /\.(db|sqlite3?)$/i;
 
 /** Which store a --database-url names; a usage error when it names none. */
-function databaseKind(databaseUrl: string): 'postgres' | 'sqlite' {
+function databaseKind(databaseUrl: string): 'postgres' | 'mysql' | 'sqlite' {
   if (POSTGRES_URL.test(databaseUrl)) return 'postgres';
+  if (MYSQL_URL.test(databaseUrl)) return 'mysql';
   if (SQLITE_FILE.test(databaseUrl)) return 'sqlite';
   throw new UsageError(
-    `--database-url ${JSON.stringify(databaseUrl)} is neither a postgres:// URL nor a SQLite file (ending .db, .sqlite or .sqlite3)`,
+    `--database-url ${JSON.stringify(databaseUrl)} is neither a postgres:// or mysql:// URL nor a SQLite file (ending .db, .sqlite or .sqlite3)`,
   );
 }
 
@@ -90,7 +93,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   // Imported on demand: a SQLite user need not install pg or ioredis, and so on.
   if (redisUrl !== undefined || redisCluster !== undefined) {
     if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
-    if (table !== undefined) throw new UsageError('--table applies to SQLite and PostgreSQL only');
+    if (table !== undefined) throw new UsageError('--table applies to SQLite, PostgreSQL and MySQL only');
     await driver(() => import('ioredis'), 'ioredis');
     const { redisStore } = await import('./stores/redis.js');
     const clusterNodes = redisCluster?.split(',').filter((node) => node !== '');
@@ -124,6 +127,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
     return { store, migrate: () => store.migrate(), label };
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
+  if (databaseKind(databaseUrl) === 'mysql') return openMysql(command, databaseUrl, tableName);
   const { default: Database } = await driver(() => import('better-sqlite3'), 'better-sqlite3');
   const label = `"${tableName}" in ${databaseUrl}`;
   if (command !== 'migrate') {
@@ -148,12 +152,44 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   return { store, migrate: async () => {}, label };
 }
 
+/** The MySQL/MariaDB store of the database the URL names; only `migrate` may find its table missing. */
+async function openMysql(
+  command: 'migrate' | 'purge' | 'keys',
+  databaseUrl: string,
+  table: string,
+): Promise<Target> {
+  await driver(() => import('mysql2/promise'), 'mysql2');
+  const { mysqlStore } = await import('./stores/mysql.js');
+  const store = mysqlStore({ uri: databaseUrl, table, maxConnections: 1 });
+  const label = `\`${table}\` in ${new URL(databaseUrl).pathname.slice(1)}`;
+  if (command !== 'migrate') {
+    const [rows] = await store.pool
+      .query<import('mysql2/promise').RowDataPacket[]>(
+        'SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?',
+        [table],
+      )
+      .catch(async (error: unknown) => {
+        await store.close();
+        throw error;
+      });
+    if (rows.length === 0) {
+      await store.close();
+      throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
+    }
+  }
+  return { store, migrate: () => store.migrate(), label };
+}
+
 async function migrationSql(databaseUrl: string, schema?: string, table?: string): Promise<string[]> {
   if (databaseKind(databaseUrl) === 'postgres') {
     const { postgresMigrationSql } = await import('./stores/postgres.js');
     return postgresMigrationSql({ schema, table });
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
+  if (databaseKind(databaseUrl) === 'mysql') {
+    const { mysqlMigrationSql } = await import('./stores/mysql.js');
+    return mysqlMigrationSql({ table });
+  }
   const { sqliteMigrationSql } = await import('./stores/sqlite.js');
   return sqliteMigrationSql({ table });
 }

@@ -9,6 +9,7 @@ import {
   describeAdapterConformance,
   listen,
   memory,
+  mysql,
   paced,
   plan,
   postgres,
@@ -53,7 +54,7 @@ const nodeAdapter: AdapterUnderTest = {
   },
 };
 
-describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, redis]);
+describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, mysql, redis]);
 
 const MiB = 1024 * 1024;
 

@@ -1,11 +1,12 @@
 import { join } from 'node:path';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { chargesFor, startPaymentProvider } from './support/fines.js';
 import { tempDatabaseUrl } from './support/loan-desk.js';
-import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { dropSchemas, hasMysql, hasPostgres, MYSQL_URL, PG_URL, uniqueName } from './support/services.js';
 
-// The PostgreSQL floors of the bench (bench/servers/floor.js) are what "close to the limit" means
+// The PostgreSQL and MariaDB floors of the bench (bench/servers/floor.js) are what "close to the limit" means
 // in its report, so they must give the guarantee the loan desk gives: one loan per key, the same
 // answer to every duplicate, a 409 for another body under the key.
 const FLOOR = join(import.meta.dirname, '..', 'bench', 'servers', 'floor.js');
@@ -87,5 +88,50 @@ describe('bench fines floor', () => {
       await floor.stop();
       await provider.close();
     }
+  });
+});
+
+describe.skipIf(!hasMysql)('bench floor FLOOR=mysql', () => {
+  const url = new URL(MYSQL_URL);
+  url.pathname = `/${uniqueName('retrysafe_floor')}`;
+  let server: { url: string; stop(): Promise<void> } | undefined;
+
+  afterAll(async () => {
+    await server?.stop();
+    const admin = await mysql.createConnection({ uri: MYSQL_URL });
+    await admin.query(`DROP DATABASE IF EXISTS \`${url.pathname.slice(1)}\``);
+    await admin.end();
+  });
+
+  const post = async (key: string, body: object) => {
+    const response = await fetch(`${server!.url}/loans`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'idempotency-key': key },
+      body: JSON.stringify(body),
+    });
+    return { status: response.status, body: await response.text() };
+  };
+
+  it('lends once for concurrent duplicates and answers each with the same response', async () => {
+    const { startServer } = await import('../bench/lib/proc.js');
+    server = await startServer(FLOOR, { env: { FLOOR: 'mysql', DATABASE_URL: url.toString() } });
+    const loans = async () => {
+      const connection = await mysql.createConnection({ uri: url.toString() });
+      try {
+        const [rows] = await connection.query<mysql.RowDataPacket[]>('SELECT count(*) AS n FROM loan');
+        return Number(rows[0]!.n);
+      } finally {
+        await connection.end();
+      }
+    };
+    const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post('same-key', LOAN)));
+    expect(new Set(answers.map((answer) => `${answer.status} ${answer.body}`)).size).toBe(1);
+    expect(answers[0]!.status).toBe(201);
+    expect(await loans()).toBe(1);
+    expect((await post('same-key', { ...LOAN, isbn: 'K-02' })).status).toBe(409);
+    const missing = await post('other-key', { ...LOAN, member: 'U-0000' });
+    expect(missing.status).toBe(422);
+    expect(await post('other-key', { ...LOAN, member: 'U-0000' })).toEqual(missing);
+    expect(await loans()).toBe(1);
   });
 });

@@ -16,6 +16,7 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyStore } from '../src/core/contract/index.js';
+import { mysqlStore } from '../src/stores/mysql.js';
 import { postgresStore } from '../src/stores/postgres.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
@@ -25,7 +26,15 @@ import {
   hasRedisCluster,
   REDIS_CLUSTER_NODES,
 } from './support/redis-cluster.js';
-import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import {
+  hasMysql,
+  hasPostgres,
+  hasRedis,
+  mysqlDatabase,
+  PG_URL,
+  REDIS_URL,
+  uniqueName,
+} from './support/services.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 
@@ -290,6 +299,42 @@ describe('retrysafe CLI', () => {
       expect(left.map((r) => r.key)).toEqual(['new-0', 'new-1', 'new-2']);
     });
   });
+
+  describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
+    it('migrate creates the table, can run again, and keys and purge then work on it', async () => {
+      const database = await mysqlDatabase();
+      const store = mysqlStore({ uri: database.url, table: 'keys' });
+      try {
+        for (const command of [['keys', 'list'], ['purge']]) {
+          const run = await cli(...command, '--database-url', database.url, '--table', 'keys');
+          expect(run.code).toBe(2);
+          expect(run.stderr).toContain(`no table \`keys\` in ${database.name}`);
+        }
+        for (let round = 0; round < 2; round++) {
+          const run = await cli('migrate', '--database-url', database.url, '--table', 'keys');
+          expect(run).toMatchObject({ code: 0, stderr: '' });
+          expect(run.stdout).toContain(`migrated \`keys\` in ${database.name}`);
+        }
+        await store.claim({ scope: 's', key: 'old', fingerprint: 'f', leaseMs: 1, ttlMs: 1 });
+        await store.claim({ scope: 's', key: 'new', fingerprint: 'f', leaseMs: 60_000, ttlMs: 60_000 });
+        await new Promise((resolve) => setTimeout(resolve, 50));
+        const run = await cli('purge', '--database-url', database.url, '--table', 'keys');
+        expect(run).toMatchObject({ code: 0, stderr: '' });
+        expect(run.stdout).toMatch(/^purged 1 expired record/);
+        expect((await store.list()).records.map((r) => r.key)).toEqual(['new']);
+      } finally {
+        await store.close();
+        await database.drop();
+      }
+    });
+
+    it('migrate --print prints the SQL without connecting', async () => {
+      // Port 1: a connection attempt would fail the run.
+      const run = await cli('migrate', '--print', '--database-url', 'mysql://root@127.0.0.1:1/x');
+      expect(run).toMatchObject({ code: 0, stderr: '' });
+      expect(run.stdout).toContain('CREATE TABLE IF NOT EXISTS `idempotency_keys`');
+    });
+  });
 });
 
 /**
@@ -494,6 +539,17 @@ describe('retrysafe keys', () => {
           await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
           await admin.end();
         },
+      };
+    });
+  });
+
+  describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
+    describeKeysCommands(async () => {
+      const database = await mysqlDatabase();
+      return {
+        args: ['--database-url', database.url],
+        store: mysqlStore({ uri: database.url, migrate: true }),
+        cleanup: database.drop,
       };
     });
   });

@@ -84,6 +84,11 @@ describe('loan desk DATABASE_URL mistakes', () => {
     ['postgres://root@127.0.0.1:99999/test', /DATABASE_URL=.* is invalid: .*port 99999/],
     ['postgress://root@127.0.0.1:5432/test', /DATABASE_URL=.* is invalid: .*postgress:/],
     [
+      'mysql://root@127.0.0.1:3306',
+      /DATABASE_URL=.* is invalid: expected a mysql:\/\/ URL naming its database/,
+    ],
+    ['mysql://root@127.0.0.1:99999/library', /DATABASE_URL=.* is invalid: .*port 99999/],
+    [
       'postgres://root@127.0.0.1:6432/test?pooling=statement',
       /DATABASE_URL=.* is invalid: .*pooling=transaction/,
     ],

@@ -2,7 +2,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { startServer } from './proc.js';
-import { pgSchemaUrl, REDIS_URL, withPg } from './services.js';
+import { mysqlDatabaseUrl, pgSchemaUrl, REDIS_URL, withMysql, withPg } from './services.js';
 
 export const LOAN_DESK = path.resolve(
   path.dirname(fileURLToPath(import.meta.url)),
@@ -16,6 +16,7 @@ export const VARIANTS = [
   { id: 'memory', label: 'memory store (SQLite data)', db: 'sqlite', store: 'memory', mode: 'lease' },
   { id: 'postgres-atomic', label: 'PostgreSQL, atomic', db: 'postgres', mode: 'atomic' },
   { id: 'postgres-lease', label: 'PostgreSQL, lease', db: 'postgres', mode: 'lease' },
+  { id: 'mysql-atomic', label: 'MariaDB, atomic', db: 'mysql', mode: 'atomic' },
   { id: 'redis', label: 'Redis store (SQLite data), lease', db: 'sqlite', store: 'redis', mode: 'lease' },
 ];
 
@@ -35,6 +36,12 @@ export async function startLoanDesk(ctx, variant, { tag = '', env: extraEnv = {}
     count = () =>
       withPg(async (client) =>
         Number((await client.query(`SELECT count(*) AS n FROM "${schema}".loan`)).rows[0].n),
+      );
+  } else if (variant.db === 'mysql') {
+    databaseUrl = mysqlDatabaseUrl(`${ctx.runId}_${name}`);
+    count = () =>
+      withMysql(databaseUrl, async (connection) =>
+        Number((await connection.query('SELECT count(*) AS n FROM loan'))[0][0].n),
       );
   } else {
     databaseUrl = path.join(ctx.tmpDir, `${name}.db`);
@@ -64,7 +71,12 @@ export function profileArgs(ctx, label) {
 const FLOOR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../servers/floor.js');
 
 /** The hand-written floor of each loan desk variant that has one (bench/servers/floor.js). */
-export const FLOOR_OF = { 'sqlite-atomic': 'sqlite', 'postgres-atomic': 'postgres', redis: 'redis' };
+export const FLOOR_OF = {
+  'sqlite-atomic': 'sqlite',
+  'postgres-atomic': 'postgres',
+  'mysql-atomic': 'mysql',
+  redis: 'redis',
+};
 
 /**
  * The floor with the structure a library must have, where it differs from the one above: the
@@ -73,13 +85,14 @@ export const FLOOR_OF = { 'sqlite-atomic': 'sqlite', 'postgres-atomic': 'postgre
 export const STRUCTURAL_FLOOR_OF = { 'postgres-atomic': 'postgres-3rt' };
 
 /**
- * Starts a floor server (`sqlite`, `postgres`, `postgres-3rt`, `redis` or `cheapest`) on its own
+ * Starts a floor server (`sqlite`, `postgres`, `postgres-3rt`, `mysql`, `redis` or `cheapest`) on its own
  * fresh database.
  */
 export async function startFloor(ctx, floor, start = {}) {
   const name = `floor_${floor}`.replaceAll('-', '_');
   const env = { FLOOR: floor, REDIS_URL };
   if (floor.startsWith('postgres')) env.DATABASE_URL = await pgSchemaUrl(`${ctx.runId}_${name}`);
+  else if (floor === 'mysql') env.DATABASE_URL = mysqlDatabaseUrl(`${ctx.runId}_${name}`);
   else env.DATABASE_URL = path.join(ctx.tmpDir, `${name}.db`);
   return startServer(FLOOR, { ...start, env });
 }

@@ -1,4 +1,5 @@
 import Redis from 'ioredis';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 
 export const PG_URL = process.env.RETRYSAFE_BENCH_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
@@ -12,6 +13,24 @@ export async function pgSchemaUrl(schema) {
   return url.toString();
 }
 
+export const MYSQL_URL = process.env.RETRYSAFE_BENCH_MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test';
+
+/** A mysql:// URL naming the database `name`, which the loan desk or the floor creates on start. */
+export function mysqlDatabaseUrl(name) {
+  const url = new URL(MYSQL_URL);
+  url.pathname = `/${name}`;
+  return url.toString();
+}
+
+export async function withMysql(uri, fn) {
+  const connection = await mysql.createConnection({ uri });
+  try {
+    return await fn(connection);
+  } finally {
+    await connection.end();
+  }
+}
+
 export async function withPg(fn) {
   const client = new pg.Client({ connectionString: PG_URL });
   await client.connect();
@@ -22,8 +41,15 @@ export async function withPg(fn) {
   }
 }
 
-/** Drops every PostgreSQL schema and Redis key this run created (all of them contain `runId`). */
+/** Drops every PostgreSQL schema, MariaDB database and Redis key this run created (all of them contain `runId`). */
 export async function cleanup(runId) {
+  await withMysql(MYSQL_URL, async (connection) => {
+    const [rows] = await connection.query(
+      'SELECT schema_name AS name FROM information_schema.schemata WHERE schema_name LIKE ?',
+      [`${runId}%`],
+    );
+    for (const { name } of rows) await connection.query(`DROP DATABASE \`${name}\``);
+  }).catch((error) => console.error(`MariaDB cleanup: ${error.message}`));
   await withPg(async (client) => {
     const { rows } = await client.query('SELECT nspname FROM pg_namespace WHERE nspname LIKE $1', [
       `${runId}%`,

@@ -4,13 +4,17 @@
 //   sqlite    one BEGIN IMMEDIATE: claim, loan, stored response, COMMIT (cached statements)
 //   postgres  one statement: claim with the response, the loan, in one round trip; a read to replay
 //   postgres-3rt  a library's structure: BEGIN + claim, the handler's loan, response + COMMIT (3 trips)
+//   mysql     BEGIN, INSERT IGNORE claim, the loan, the response, COMMIT (MySQL/MariaDB, one
+//             connection per request; the least a hand-written transaction needs)
 //   redis     SET NX PX claim, the loan (SQLite data, as the desk's Redis variant), SET the response
 //   cheapest  a keyless POST that reads the body and answers a constant 201
-// DATABASE_URL names the SQLite file or the PostgreSQL URL (`?schema=`); REDIS_URL the Redis server.
+// DATABASE_URL names the SQLite file, the PostgreSQL URL (`?schema=`) or the mysql:// URL; REDIS_URL
+// the Redis server.
 import { createHash } from 'node:crypto';
 import http from 'node:http';
 import Database from 'better-sqlite3';
 import Redis from 'ioredis';
+import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { parseLoan } from '../../examples/library-loans/app.js';
 import { BOOKS, MEMBERS } from '../../examples/library-loans/catalog.js';
@@ -242,6 +246,74 @@ async function postgresThreeTripFloor(databaseUrl) {
   };
 }
 
+/**
+ * MySQL/MariaDB: the claim (its row inserted or ignored), the handler's loan with both references
+ * checked in its statement, the saved response, one transaction. A key taken already is answered
+ * from its row, outside any transaction.
+ */
+async function mysqlFloor(databaseUrl) {
+  const url = new URL(databaseUrl);
+  const name = url.pathname.slice(1);
+  url.pathname = '/';
+  const admin = await mysql.createConnection({ uri: url.toString() });
+  await admin.query(`CREATE DATABASE IF NOT EXISTS \`${name}\``);
+  await admin.end();
+  const pool = mysql.createPool({ uri: databaseUrl, connectionLimit: 10 });
+  await pool.query(
+    `CREATE TABLE IF NOT EXISTS book (isbn varchar(32) PRIMARY KEY, title text NOT NULL, author text NOT NULL)`,
+  );
+  await pool.query('CREATE TABLE IF NOT EXISTS member (id varchar(32) PRIMARY KEY, name text NOT NULL)');
+  await pool.query(`CREATE TABLE IF NOT EXISTS loan (id int AUTO_INCREMENT PRIMARY KEY, member varchar(32) NOT NULL,
+    isbn varchar(32) NOT NULL, issuedAt text NOT NULL, \`return\` text)`);
+  await pool.query(`CREATE TABLE IF NOT EXISTS idem (scope varbinary(255) NOT NULL, \`key\` varbinary(255) NOT NULL,
+    fp varchar(64) NOT NULL, expires bigint NOT NULL, status int, body text, location text, PRIMARY KEY (scope, \`key\`))`);
+  await pool.query('INSERT IGNORE INTO book VALUES ?', [BOOKS.map((b) => [b.isbn, b.title, b.author])]);
+  await pool.query('INSERT IGNORE INTO member VALUES ?', [MEMBERS.map((m) => [m.id, m.name])]);
+  return async (res, scope, key, fp, loan) => {
+    const connection = await pool.getConnection();
+    let answer;
+    try {
+      await connection.beginTransaction();
+      const [claim] = await connection.query(
+        'INSERT IGNORE INTO idem (scope, `key`, fp, expires) VALUES (?, ?, ?, ?)',
+        [scope, key, fp, Date.now() + TTL_MS],
+      );
+      if (claim.affectedRows === 1) {
+        const [lent] = await connection.query(
+          `INSERT INTO loan (member, isbn, issuedAt) SELECT ?, ?, ? FROM DUAL
+           WHERE EXISTS (SELECT 1 FROM book WHERE isbn = ?) AND EXISTS (SELECT 1 FROM member WHERE id = ?)`,
+          [loan.member, loan.isbn, loan.issuedAt, loan.isbn, loan.member],
+        );
+        if (lent.affectedRows === 1) answer = loanAnswer({ id: lent.insertId, ...loan });
+        else {
+          const [[refs]] = await connection.query(
+            'SELECT EXISTS (SELECT 1 FROM book WHERE isbn = ?) AS book',
+            [loan.isbn],
+          );
+          answer = missingAnswer(refs.book ? 'member' : 'isbn', loan);
+        }
+        await connection.query(
+          'UPDATE idem SET status = ?, body = ?, location = ? WHERE scope = ? AND `key` = ?',
+          [answer.status, answer.body, answer.location, scope, key],
+        );
+        await connection.commit();
+      } else await connection.rollback();
+      connection.release();
+    } catch (error) {
+      connection.destroy();
+      throw error;
+    }
+    if (answer) return sendStored(res, answer, false);
+    const [[found]] = await pool.query(
+      'SELECT fp, status, body, location FROM idem WHERE scope = ? AND `key` = ?',
+      [scope, key],
+    );
+    if (!found?.status) return busy(res);
+    if (found.fp !== fp) return conflict(res);
+    sendStored(res, found, true);
+  };
+}
+
 function redisFloor(filename, redisUrl) {
   const { db, lend } = sqliteDatabase(filename);
   const write = db.transaction(lend).immediate;
@@ -275,9 +347,10 @@ let guarded;
 if (floor === 'sqlite') guarded = sqliteFloor(databaseUrl);
 else if (floor === 'postgres') guarded = await postgresFloor(databaseUrl);
 else if (floor === 'postgres-3rt') guarded = await postgresThreeTripFloor(databaseUrl);
+else if (floor === 'mysql') guarded = await mysqlFloor(databaseUrl);
 else if (floor === 'redis') guarded = redisFloor(databaseUrl, process.env.REDIS_URL);
 else if (floor !== 'cheapest')
-  throw new Error(`FLOOR must be sqlite, postgres, postgres-3rt, redis or cheapest; got ${floor}`);
+  throw new Error(`FLOOR must be sqlite, postgres, postgres-3rt, mysql, redis or cheapest; got ${floor}`);
 
 const server = http.createServer(async (req, res) => {
   if (req.method !== 'POST' || req.url !== '/loans') return send(res, 404, '{"error":"path_not_found"}');

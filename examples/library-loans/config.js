@@ -8,8 +8,9 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  * with the variable's name, before anything is opened.
  *
  * HOST, PORT                 where to listen (127.0.0.1:8483; PORT=0 picks a free port)
- * DATABASE_URL               a SQLite file (library.db) or postgres://user@host:port/db?schema=name
+ * DATABASE_URL               a SQLite file (library.db), postgres://user@host:port/db?schema=name
  *                            (&pooling=transaction behind PgBouncer in transaction pooling mode)
+ *                            or mysql://user@host:port/db (MySQL or MariaDB)
  * IDEMPOTENCY_STORE          where keys live: the database (default), `memory`, or
  *                            redis://host:port?prefix=name (keys then live in Redis, loans in SQL)
  * IDEMPOTENCY_MODE           atomic (default with keys in the database) or lease
@@ -64,10 +65,24 @@ export function readConfig(env = process.env) {
   const databaseUrl = env.DATABASE_URL || 'library.db';
   let database;
   const scheme = /^([a-z][a-z\d+.-]*):\/\//i.exec(databaseUrl)?.[1];
-  if (scheme && !/^(postgres(ql)?|sqlite|file)$/i.test(scheme)) {
-    fail('DATABASE_URL', `postgres://, postgresql:// or a SQLite file, not a ${scheme}:// URL`);
+  if (scheme && !/^(postgres(ql)?|mysql|sqlite|file)$/i.test(scheme)) {
+    fail('DATABASE_URL', `postgres://, postgresql://, mysql:// or a SQLite file, not a ${scheme}:// URL`);
   }
-  if (/^postgres(ql)?:\/\//i.test(databaseUrl)) {
+  if (/^mysql:\/\//i.test(databaseUrl)) {
+    let url;
+    try {
+      url = new URL(databaseUrl);
+    } catch {
+      fail('DATABASE_URL', `a URL like mysql://user@host:3306/db: ${urlMistake(databaseUrl)}`);
+    }
+    if (!/^\/[A-Za-z0-9_]{1,64}$/.test(url.pathname)) {
+      fail(
+        'DATABASE_URL',
+        'a mysql:// URL naming its database (letters, digits, _), like mysql://root@127.0.0.1:3306/library',
+      );
+    }
+    database = { kind: 'mysql', url: url.toString() };
+  } else if (/^postgres(ql)?:\/\//i.test(databaseUrl)) {
     let url;
     try {
       url = new URL(databaseUrl);
@@ -182,7 +197,9 @@ export function describe(config) {
   const where =
     database.kind === 'sqlite'
       ? `SQLite ${database.filename}`
-      : `PostgreSQL ${new URL(database.url).host}${new URL(database.url).pathname} schema ${database.schema}`;
+      : database.kind === 'mysql'
+        ? `MySQL ${new URL(database.url).host}${new URL(database.url).pathname}`
+        : `PostgreSQL ${new URL(database.url).host}${new URL(database.url).pathname} schema ${database.schema}`;
   const keyPlace = keys.kind === 'database' ? 'the database' : keys.kind === 'memory' ? 'memory' : 'Redis';
   return `${where}; keys in ${keyPlace}, ${config.mode} mode, kept ${ms(config.ttlMs, { long: true })}`;
 }

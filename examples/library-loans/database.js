@@ -1,5 +1,5 @@
 /**
- * Opens the loan database named by the config (`sqlite.js` or `postgres.js`, same interface) and
+ * Opens the loan database named by the config (`sqlite.js`, `postgres.js` or `mysql.js`, same interface) and
  * the idempotency store the keys live in. Drivers load only when used, as a user's install has
  * only the one it needs.
  */
@@ -7,6 +7,10 @@ export async function openDatabase(config, { setup }) {
   if (config.database.kind === 'postgres') {
     const { openPostgres } = await import('./postgres.js');
     return openPostgres({ ...config.database, setup });
+  }
+  if (config.database.kind === 'mysql') {
+    const { openMysql } = await import('./mysql.js');
+    return openMysql({ ...config.database, setup });
   }
   const { openSqlite } = await import('./sqlite.js');
   return openSqlite({ ...config.database, setup });

@@ -12,6 +12,7 @@ import type {
 } from '../core/contract/index.js';
 import { ConfigError, RetrysafeError } from '../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+import { atomicInFlight } from './in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -542,13 +543,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   }
 
   const waiters = new Waiters();
-  /**
-   * Atomic calls running in this process, by key: a duplicate waits here for the one ahead of it
-   * instead of queueing for a pool client, which a hot key would exhaust (queued past the pool's
-   * connect timeout, duplicates failed). It settles with what a duplicate would read back: the
-   * committed (or replayed) fingerprint and response, or undefined when nothing was committed.
-   */
-  const inFlight = new Map<string, Promise<Settled | undefined>>();
+  const deduplicated = atomicInFlight(BLOCKED_RETRY_AFTER_MS);
   let listener: Promise<pg.Client> | undefined;
   let closed = false;
 
@@ -725,32 +720,8 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       return rowCount === 1;
     },
 
-    async atomic(input, work) {
-      // A key cannot hold a NUL byte, so the first one ends it.
-      const id = `${input.key}\0${input.scope}`;
-      const deadline = Date.now() + (input.waitMs ?? input.leaseMs);
-      for (let ahead = inFlight.get(id); ahead; ahead = inFlight.get(id)) {
-        const settled = await within(ahead, deadline - Date.now());
-        if (settled === TIMED_OUT) return { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
-        if (settled) {
-          return settled.fingerprint === input.fingerprint
-            ? { outcome: 'replay', response: settled.response }
-            : { outcome: 'mismatch' };
-        }
-      }
-      let settle!: (settled: Settled | undefined) => void;
-      inFlight.set(id, new Promise((resolve) => (settle = resolve)));
-      let settled: Settled | undefined;
-      try {
-        const result = await atomicOnClient({ ...input, waitMs: Math.max(0, deadline - Date.now()) }, work);
-        if (result.outcome === 'replay' || (result.outcome === 'executed' && result.committed)) {
-          settled = { fingerprint: input.fingerprint, response: result.response };
-        }
-        return result;
-      } finally {
-        inFlight.delete(id);
-        settle(settled);
-      }
+    atomic(input, work) {
+      return deduplicated(input, (waitMs) => atomicOnClient({ ...input, waitMs }, work));
     },
 
     async close() {
@@ -913,23 +884,4 @@ function pgbouncerRefusal(error: unknown): unknown {
     `postgresStore: the server refused the connection's startup parameters (${message}), as PgBouncer does: behind PgBouncer pass \`pooling: 'transaction'\` (or 'session' with ignore_startup_parameters in its config), and set no \`options\` or \`statement_timeout\` on a pool of your own`,
     { cause: error },
   );
-}
-
-interface Settled {
-  fingerprint: string;
-  response: StoredResponse;
-}
-
-const TIMED_OUT = Symbol('timed out');
-
-/** `promise`'s value, or TIMED_OUT once `ms` have passed first. */
-function within<T>(promise: Promise<T>, ms: number): Promise<T | typeof TIMED_OUT> {
-  if (ms <= 0) return Promise.resolve(TIMED_OUT);
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  return Promise.race([
-    promise,
-    new Promise<typeof TIMED_OUT>((resolve) => {
-      timer = setTimeout(resolve, timerMs(ms), TIMED_OUT);
-    }),
-  ]).finally(() => clearTimeout(timer));
 }

@@ -14,11 +14,21 @@ import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
+import { mysqlStore } from '../../src/stores/mysql.js';
 import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres.js';
 import { redisStore } from '../../src/stores/redis.js';
 import { sqliteStore } from '../../src/stores/sqlite.js';
 import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';
-import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support/services.js';
+import {
+  dropSchemas,
+  hasMysql,
+  hasPostgres,
+  hasRedis,
+  mysqlDatabase,
+  PG_URL,
+  REDIS_URL,
+  uniqueName,
+} from '../support/services.js';
 
 /**
  * The adapter conformance suite: one list of HTTP scenarios (every row of the HTTP outcomes in docs/reference.md, bad keys,
@@ -492,6 +502,18 @@ export const postgresBehindPgBouncer: StoreFactory = {
         await bouncer.stop();
       },
     };
+  },
+};
+
+export const mysql: StoreFactory = {
+  name: 'mysql',
+  atomic: true,
+  available: hasMysql,
+  async open() {
+    const database = await mysqlDatabase();
+    const store = mysqlStore({ uri: database.url });
+    await store.migrate();
+    return { store, cleanup: database.drop };
   },
 };
 

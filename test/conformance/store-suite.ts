@@ -410,8 +410,12 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         const abandoned = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
         await acquire(abandoned);
         await sleep(SHORT_MS * 2);
-        await acquire(input);
+        const again = await acquire({ ...input, ...LONG });
         await acquire(withFingerprint(abandoned, 'fp-b'));
+        // The new operation is wholly new: its owner saves its own answer, which replays.
+        expect((await store.get(input.scope, input.key))?.state).toBe('in_progress');
+        expect(await store.complete(input.scope, input.key, again, sampleResponse('b'))).toBe(true);
+        expectReplay(await store.claim(input), sampleResponse('b'));
       });
 
       it('a record whose lease outlives its retention stays in progress until the lease passes', async () => {

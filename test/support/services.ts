@@ -49,3 +49,33 @@ export async function dropSchemas(...schemas: string[]): Promise<void> {
     await admin.end();
   }
 }
+
+/** The machine's MariaDB (or MySQL); tests make a database of their own on it. */
+export const MYSQL_URL = process.env.RETRYSAFE_TEST_MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test';
+export const hasMysql = await requireService('MariaDB', 3306);
+
+/** Creates a database named `retrysafe_<random>` and answers its URL; `drop()` removes it. */
+export async function mysqlDatabase(): Promise<{ name: string; url: string; drop(): Promise<void> }> {
+  const { default: mysql } = await import('mysql2/promise');
+  const name = uniqueName('retrysafe');
+  const admin = await mysql.createConnection({ uri: MYSQL_URL });
+  try {
+    await admin.query(`CREATE DATABASE \`${name}\``);
+  } finally {
+    await admin.end();
+  }
+  const url = new URL(MYSQL_URL);
+  url.pathname = `/${name}`;
+  return {
+    name,
+    url: url.toString(),
+    async drop() {
+      const admin = await mysql.createConnection({ uri: MYSQL_URL });
+      try {
+        await admin.query(`DROP DATABASE IF EXISTS \`${name}\``);
+      } finally {
+        await admin.end();
+      }
+    },
+  };
+}

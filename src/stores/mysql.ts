@@ -1,0 +1,541 @@
+import { randomUUID } from 'node:crypto';
+import mysql, {
+  type Pool,
+  type PoolConnection,
+  type QueryValues,
+  type ResultSetHeader,
+  type RowDataPacket,
+} from 'mysql2/promise';
+import {
+  type AtomicResult,
+  type AtomicStore,
+  type AtomicWorkResult,
+  type ClaimInput,
+  type ClaimResult,
+  ConfigError,
+  RetrysafeError,
+  type StoredResponse,
+} from '../core/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+import { atomicInFlight } from './in-flight.js';
+import {
+  DEFAULT_PURGE_BATCH_SIZE,
+  keysetPage,
+  listRequest,
+  purgeInBatches,
+  recordId,
+  requirePositiveInteger,
+  type SummaryRow,
+  summaryOf,
+  Waiters,
+} from './internal.js';
+import { pollUntilSettled } from './poll-wait.js';
+
+/** Options of {@link mysqlStore}: one of `pool` or `uri`. */
+export interface MysqlStoreOptions {
+  /**
+   * A `mysql2/promise` pool to use; the store never ends it. One of `pool`/`uri`.
+   * @default undefined
+   * @example pool: mysql.createPool({ uri: process.env.DATABASE_URL })
+   */
+  pool?: Pool;
+  /**
+   * A `mysql://` URL naming the database; the store then owns a pool built from it.
+   * @default undefined
+   * @example uri: 'mysql://app@127.0.0.1:3306/app'
+   */
+  uri?: string;
+  /**
+   * The table holding the records, in the connection's database.
+   * @default 'idempotency_keys'
+   */
+  table?: string;
+  /**
+   * Connections of the store's own pool.
+   * @default 10
+   */
+  maxConnections?: number;
+  /**
+   * How long opening a connection of the store's own pool may take before the call rejects, so
+   * an unreachable database fails fast instead of hanging a request.
+   * @default 5000
+   */
+  connectTimeoutMs?: number;
+  /**
+   * Create the table on first use when it is missing, as `migrate()` does. Off by default: the
+   * table is then made by `retrysafe migrate` (or your migration tool, from `retrysafe migrate
+   * --print`), and a store without it fails every call with a `ConfigError` saying so.
+   * @default false
+   */
+  migrate?: boolean;
+}
+
+/** The MySQL/MariaDB store: lease mode through the `IdempotencyStore` methods, atomic mode through `atomic`. */
+export interface MysqlStore extends AtomicStore<PoolConnection> {
+  /** Creates the table and its index when missing (the statement of `mysqlMigrationSql`); safe to run again. */
+  migrate(): Promise<void>;
+  /** The pool the store queries; handlers in atomic mode get a connection of it as `tx`. */
+  readonly pool: Pool;
+}
+
+const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
+/**
+ * A claim that finds the record changing under it (released, purged or taken over between its
+ * write and its read, or a deadlock InnoDB broke) asks again; a few rounds settle any realistic
+ * interleaving.
+ */
+const CLAIM_ATTEMPTS = 4;
+/**
+ * An atomic claim that timed out behind an uncommitted duplicate cannot read that duplicate's
+ * lease; this is the retry hint it answers with instead.
+ */
+const BLOCKED_RETRY_AFTER_MS = 1000;
+// UTC_TIMESTAMP, unlike NOW(), ignores the session's time zone (and its DST gaps); it is fixed
+// for the duration of a statement, so every use in one statement agrees.
+const NOW_MS = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
+/** How long an atomic claim may take, pool wait included, when the caller gives no `timeoutMs`. */
+const DEFAULT_ATOMIC_TIMEOUT_MS = 15_000;
+const QUERY_TIMEOUT = 'PROTOCOL_SEQUENCE_TIMEOUT';
+const ER_NO_SUCH_TABLE = 'ER_NO_SUCH_TABLE';
+const ER_LOCK_WAIT_TIMEOUT = 'ER_LOCK_WAIT_TIMEOUT';
+const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
+
+function identifier(name: string, value: string): string {
+  if (!IDENTIFIER.test(value)) {
+    throw new ConfigError(`mysqlStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`);
+  }
+  return value;
+}
+
+function toBuffer(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
+}
+
+/**
+ * The statement `migrate()` runs, for a migration tool of your own (`retrysafe migrate --print`).
+ * Safe to run again. Scope and key are byte strings, compared and ordered byte for byte: the
+ * server's default collations would make `Key` and `key ` (trailing space) one operation.
+ * @example
+ * ```ts
+ * import { mysqlMigrationSql } from 'retrysafe/mysql';
+ * await fs.writeFile('migrations/0001_idempotency.sql', mysqlMigrationSql().join(';\n') + ';\n');
+ * ```
+ */
+export function mysqlMigrationSql(options: { table?: string } = {}): string[] {
+  const table = identifier('table', options.table ?? 'idempotency_keys');
+  return [
+    `CREATE TABLE IF NOT EXISTS \`${table}\` (
+  scope varbinary(1024) NOT NULL,
+  \`key\` varbinary(1024) NOT NULL,
+  fingerprint varchar(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  token char(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
+  lease_until_ms bigint NOT NULL,
+  created_at_ms bigint NOT NULL,
+  expires_at_ms bigint NOT NULL,
+  completed_at_ms bigint NULL,
+  status int NULL,
+  headers longtext NULL,
+  body longblob NULL,
+  PRIMARY KEY (scope, \`key\`),
+  INDEX \`${table}_expires_at_ms\` (expires_at_ms)
+) ENGINE=InnoDB`,
+  ];
+}
+
+interface RecordRow extends RowDataPacket {
+  token: string;
+  fingerprint: string;
+  completed: number;
+  lease_left_ms: number;
+  claimable: number;
+  status: number | null;
+  headers: string | null;
+  body: Buffer | null;
+}
+
+interface MysqlSummaryRow extends RowDataPacket, Omit<SummaryRow, 'scope' | 'key'> {
+  scope: Buffer;
+  key: Buffer;
+}
+
+const OPTION_NAMES = optionNames<MysqlStoreOptions>({
+  pool: true,
+  uri: true,
+  table: true,
+  maxConnections: true,
+  connectTimeoutMs: true,
+  migrate: true,
+});
+
+/** Something statements run on: the pool (lease mode) or the atomic call's connection. */
+type Queryable = Pick<Pool, 'query'>;
+
+/**
+ * A store on MySQL 8 or MariaDB 10.6+ through `mysql2`, for several app servers or hosts sharing
+ * one database. A claim is one `INSERT … ON DUPLICATE KEY UPDATE` on the `(scope, key)` primary
+ * key whose update takes the record over only when its retention or (same fingerprint) its lease
+ * has passed, so of concurrent claims exactly one writes its owner token; every time comes from
+ * the database server's clock; waits poll with backoff (woken at once by changes made through
+ * this store in this process). `atomic()` runs the claim, the handler's queries on `tx` and the
+ * saved response in one InnoDB transaction: a crash leaves all of it or none of it, and a
+ * concurrent duplicate blocks on the record's row lock until the first commits (then replays) or
+ * rolls back (then runs).
+ *
+ * Create its table once before use: `migrate()`, `retrysafe migrate --database-url mysql://…`,
+ * the SQL of `retrysafe migrate --print` in your own migration tool, or the `migrate: true`
+ * option. Without it every call fails with a `ConfigError` that says so.
+ *
+ * @example
+ * ```ts
+ * import { mysqlStore } from 'retrysafe/mysql';
+ * const store = mysqlStore({ uri: 'mysql://app@127.0.0.1:3306/app' });
+ * await store.migrate();
+ * ```
+ */
+export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
+  const options = checkOptions('mysqlStore()', given, OPTION_NAMES);
+  if ((options.pool === undefined) === (options.uri === undefined)) {
+    throw new ConfigError('mysqlStore: give exactly one of `pool` or `uri`');
+  }
+  const table = identifier('table', options.table ?? 'idempotency_keys');
+  const maxConnections = requirePositiveInteger('mysqlStore', 'maxConnections', options.maxConnections ?? 10);
+  const connectTimeoutMs = requirePositiveInteger(
+    'mysqlStore',
+    'connectTimeoutMs',
+    options.connectTimeoutMs ?? 5000,
+  );
+  const ownsPool = options.pool === undefined;
+  const pool =
+    options.pool ??
+    mysql.createPool({
+      uri: options.uri,
+      connectionLimit: maxConnections,
+      connectTimeout: connectTimeoutMs,
+      enableKeepAlive: true,
+    });
+  const t = `\`${table}\``;
+
+  // The update takes the record over when its retention has passed (a new operation) or when it
+  // is in progress with a passed lease and the same fingerprint (a retry taking over a dead
+  // owner). InnoDB evaluates it on the latest committed row under that row's exclusive lock, so
+  // of concurrent claims exactly one writes its token. MySQL assigns left to right, seeing the
+  // columns already assigned, and MariaDB's SIMULTANEOUS_ASSIGNMENT sees the old ones: the test
+  // `token = :token OR <condition>` is true after the takeover's first assignment under both.
+  const TAKE = `(token = :token OR expires_at_ms <= ${NOW_MS}
+    OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND fingerprint = :fingerprint))`;
+  const CLAIM = `INSERT INTO ${t} (scope, \`key\`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
+    VALUES (:scope, :key, :fingerprint, :token, ${NOW_MS} + :leaseMs, ${NOW_MS}, ${NOW_MS} + :retainMs)
+    ON DUPLICATE KEY UPDATE
+      token = IF(${TAKE}, :token, token),
+      fingerprint = IF(${TAKE}, :fingerprint, fingerprint),
+      lease_until_ms = IF(${TAKE}, ${NOW_MS} + :leaseMs, lease_until_ms),
+      created_at_ms = IF(${TAKE}, ${NOW_MS}, created_at_ms),
+      expires_at_ms = IF(${TAKE}, ${NOW_MS} + :retainMs, expires_at_ms),
+      status = IF(${TAKE}, NULL, status),
+      headers = IF(${TAKE}, NULL, headers),
+      body = IF(${TAKE}, NULL, body),
+      completed_at_ms = IF(${TAKE}, NULL, completed_at_ms)`;
+  // What the claim met, read after it. The claim decided; this only reports: `token` says
+  // whether ours was written (an insert answers 1 row, as does an untouched row under mysql2's
+  // default FOUND_ROWS flag, so the count alone cannot tell).
+  const RECORD = `SELECT token, fingerprint, completed_at_ms IS NOT NULL AS completed,
+      lease_until_ms - ${NOW_MS} AS lease_left_ms,
+      (expires_at_ms <= ${NOW_MS} OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS}
+        AND fingerprint = :fingerprint)) AS claimable,
+      status, headers, body
+    FROM ${t} WHERE scope = :scope AND \`key\` = :key`;
+  const LIVE = `scope = :scope AND \`key\` = :key AND expires_at_ms > ${NOW_MS}`;
+  const OWNED = `${LIVE} AND token = :token AND completed_at_ms IS NULL`;
+  const COMPLETE = `UPDATE ${t} SET completed_at_ms = ${NOW_MS}, status = :status, headers = :headers, body = :body
+    WHERE ${OWNED}`;
+  const RELEASE = `DELETE FROM ${t} WHERE ${OWNED}`;
+  const RENEW = `UPDATE ${t} SET lease_until_ms = ${NOW_MS} + :leaseMs,
+      expires_at_ms = GREATEST(expires_at_ms, ${NOW_MS} + :leaseMs)
+    WHERE ${OWNED}`;
+  const LEASE_LEFT = `SELECT lease_until_ms - ${NOW_MS} AS lease_left_ms FROM ${t}
+    WHERE ${LIVE} AND completed_at_ms IS NULL AND lease_until_ms > ${NOW_MS}`;
+  const DELETE = `DELETE FROM ${t} WHERE ${LIVE}`;
+  // Single-table DELETE … LIMIT walks the expires_at_ms index; a row an atomic claim is taking
+  // over waits for that claim, then is checked again and kept, its retention renewed.
+  const PURGE = `DELETE FROM ${t}
+    WHERE expires_at_ms <= ${NOW_MS} AND NOT (completed_at_ms IS NULL AND lease_until_ms > ${NOW_MS})
+    ORDER BY expires_at_ms LIMIT :batchSize`;
+  const SUMMARY = `scope, \`key\`, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms`;
+
+  async function run<T extends RowDataPacket[] | ResultSetHeader>(
+    on: Queryable,
+    sql: string,
+    values: { [name: string]: QueryValues },
+    timeoutMs?: number,
+  ): Promise<T> {
+    const [result] = await on.query<T>({ sql, namedPlaceholders: true, timeout: timeoutMs }, values);
+    return result;
+  }
+
+  const waiters = new Waiters();
+  let migrating: Promise<void> | undefined;
+
+  async function migrateOn(on: Queryable): Promise<void> {
+    for (const statement of mysqlMigrationSql({ table })) await on.query(statement);
+  }
+
+  /**
+   * Runs one of the store's own statements. A missing table fails it with a ConfigError that says
+   * what to do, rather than a driver error behind a 503; with `migrate: true` the table is created
+   * (once, however many calls find it missing) and the statement runs again. A call holding a
+   * connection (`atomic`) migrates on it, so a one-connection pool cannot deadlock.
+   */
+  async function own<T>(statement: () => Promise<T>, on: Queryable = pool): Promise<T> {
+    try {
+      return await statement();
+    } catch (error) {
+      if ((error as { code?: string }).code !== ER_NO_SUCH_TABLE) throw error;
+      if (!options.migrate) {
+        throw new ConfigError(
+          `mysqlStore: the table ${t} does not exist. Create it with \`retrysafe migrate --database-url <mysql://…> --table ${table}\` (or store.migrate(), or your migration tool with the SQL of \`retrysafe migrate --print --database-url mysql://…\`), or pass \`migrate: true\``,
+          { cause: error },
+        );
+      }
+      migrating ??= migrateOn(on).finally(() => {
+        migrating = undefined;
+      });
+      await migrating;
+      return statement();
+    }
+  }
+
+  /**
+   * One round of a claim on `on`: the claim statement, then (unless it took a record over, which
+   * only a write of our token does) the row it met. `undefined`: the row changed between the two
+   * (released, purged, its lease passed); ask again.
+   */
+  async function claimOnce(
+    on: Queryable,
+    input: ClaimInput,
+    timeoutMs?: number,
+  ): Promise<ClaimResult | undefined> {
+    const token = randomUUID();
+    const values = {
+      scope: input.scope,
+      key: input.key,
+      fingerprint: input.fingerprint,
+      token,
+      leaseMs: input.leaseMs,
+      retainMs: Math.max(input.leaseMs, input.ttlMs),
+    };
+    const claimed = await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
+    if (claimed.affectedRows === 2) return { outcome: 'acquired', token };
+    const [row] = await run<RecordRow[]>(on, RECORD, values, timeoutMs);
+    if (!row) return undefined;
+    if (row.token === token) return { outcome: 'acquired', token };
+    if (row.claimable) return undefined;
+    if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
+    if (row.completed) {
+      return {
+        outcome: 'replay',
+        response: {
+          status: row.status!,
+          headers: row.headers ? (JSON.parse(row.headers) as Record<string, string>) : {},
+          body: row.body ?? Buffer.alloc(0),
+        },
+      };
+    }
+    return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
+  }
+
+  async function claim(input: ClaimInput): Promise<ClaimResult> {
+    for (let attempt = 1; attempt <= CLAIM_ATTEMPTS; attempt++) {
+      try {
+        const result = await own(() => claimOnce(pool, input));
+        if (result) return result;
+      } catch (error) {
+        // Concurrent inserts of one new key can deadlock on its gap lock; InnoDB picks a victim.
+        if ((error as { code?: string }).code !== ER_LOCK_DEADLOCK) throw error;
+      }
+    }
+    return { outcome: 'in_progress', retryAfterMs: 0 };
+  }
+
+  /** The record `(scope, key)` changed: wake this process's waiters on it at once. */
+  function changed(scope: string, key: string, result: ResultSetHeader): boolean {
+    if (result.affectedRows === 0) return false;
+    waiters.wake(recordId(scope, key));
+    return true;
+  }
+
+  /**
+   * A pool connection, or a rejection once `timeoutMs` has passed: mysql2's pool queues callers
+   * without a bound, and an atomic call must fail within its store timeout, not hang. A connection
+   * that comes after that goes straight back.
+   */
+  function connectionWithin(timeoutMs: number): Promise<PoolConnection> {
+    const connecting = pool.getConnection();
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const timedOut = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => {
+        connecting.then((connection) => connection.release()).catch(() => {});
+        reject(new RetrysafeError(`mysqlStore: no pool connection within ${timeoutMs} ms`));
+      }, timerMs(timeoutMs));
+    });
+    return Promise.race([connecting, timedOut]).finally(() => clearTimeout(timer));
+  }
+
+  async function atomicOnConnection(
+    input: ClaimInput,
+    work: (tx: PoolConnection) => Promise<AtomicWorkResult>,
+  ): Promise<AtomicResult> {
+    const timeoutMs = Math.max(1, input.timeoutMs ?? DEFAULT_ATOMIC_TIMEOUT_MS);
+    const connection = await connectionWithin(timeoutMs);
+    let broken = false;
+    try {
+      // A duplicate blocks on the record's row lock until the first's transaction ends; InnoDB
+      // bounds that wait in whole seconds only.
+      const waitS = Math.max(1, Math.ceil((input.waitMs ?? input.leaseMs) / 1000));
+      for (let attempt = 1; ; attempt++) {
+        await connection.query('SET SESSION innodb_lock_wait_timeout = ?', [waitS]);
+        await connection.beginTransaction();
+        let claimed: ClaimResult | undefined;
+        try {
+          // The client-side bound, for what InnoDB's row-lock wait does not cover (a table lock,
+          // a server that stopped answering): the connection is then discarded.
+          claimed = await own(() => claimOnce(connection, input, timeoutMs + waitS * 1000), connection);
+        } catch (error) {
+          const code = (error as { code?: string }).code;
+          if (code === ER_LOCK_WAIT_TIMEOUT) {
+            claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
+          } else if (code !== ER_LOCK_DEADLOCK) {
+            if (code === QUERY_TIMEOUT) broken = true;
+            throw error;
+          }
+        } finally {
+          if (!broken) await connection.query('SET SESSION innodb_lock_wait_timeout = DEFAULT');
+        }
+        if (!claimed && attempt === CLAIM_ATTEMPTS) claimed = { outcome: 'in_progress', retryAfterMs: 0 };
+        if (claimed?.outcome === 'acquired') {
+          const result = await work(connection);
+          if (!result.commit) {
+            await connection.rollback();
+            return { outcome: 'executed', response: result.response, committed: false };
+          }
+          const saved = await run<ResultSetHeader>(
+            connection,
+            COMPLETE,
+            completeValues(input.scope, input.key, claimed.token, result.response),
+          );
+          if (saved.affectedRows !== 1) {
+            throw new RetrysafeError('mysqlStore: the atomic claim was lost before commit');
+          }
+          await connection.commit();
+          waiters.wake(recordId(input.scope, input.key));
+          return { outcome: 'executed', response: result.response, committed: true };
+        }
+        await connection.rollback();
+        if (claimed) return claimed;
+      }
+    } catch (error) {
+      if (!broken) {
+        await connection.rollback().catch(() => {
+          broken = true;
+        });
+      }
+      throw error;
+    } finally {
+      if (broken) connection.destroy();
+      else connection.release();
+    }
+  }
+
+  function completeValues(scope: string, key: string, token: string, response: StoredResponse) {
+    return {
+      scope,
+      key,
+      token,
+      status: response.status,
+      headers: JSON.stringify(response.headers),
+      body: toBuffer(response.body),
+    };
+  }
+
+  const deduplicated = atomicInFlight(BLOCKED_RETRY_AFTER_MS);
+
+  return {
+    name: 'mysql',
+    pool,
+
+    migrate: () => migrateOn(pool),
+
+    claim,
+
+    async complete(scope, key, token, response) {
+      return changed(
+        scope,
+        key,
+        await own(() => run<ResultSetHeader>(pool, COMPLETE, completeValues(scope, key, token, response))),
+      );
+    },
+
+    async release(scope, key, token) {
+      return changed(scope, key, await own(() => run<ResultSetHeader>(pool, RELEASE, { scope, key, token })));
+    },
+
+    async renew(scope, key, token, leaseMs) {
+      const result = await own(() => run<ResultSetHeader>(pool, RENEW, { scope, key, token, leaseMs }));
+      return result.affectedRows === 1;
+    },
+
+    async wait(scope, key, timeoutMs) {
+      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
+        const [row] = await own(() => run<RowDataPacket[]>(pool, LEASE_LEFT, { scope, key }));
+        return row ? Number(row.lease_left_ms) : null;
+      });
+    },
+
+    async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
+      requirePositiveInteger('mysqlStore.purgeExpired', 'batchSize', batchSize);
+      return purgeInBatches(
+        batchSize,
+        async () => (await own(() => run<ResultSetHeader>(pool, PURGE, { batchSize }))).affectedRows,
+      );
+    },
+
+    async list(options = {}) {
+      const { limit, scope, after } = listRequest('mysqlStore.list', options, 2);
+      const where = [`expires_at_ms > ${NOW_MS}`];
+      if (scope !== undefined) where.push('scope = :scope');
+      // Spelled out rather than a row comparison, which not every version turns into a range scan.
+      if (after) where.push('(scope > :afterScope OR (scope = :afterScope AND `key` > :afterKey))');
+      const rows = await own(() =>
+        run<MysqlSummaryRow[]>(
+          pool,
+          `SELECT ${SUMMARY} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, \`key\` LIMIT :limit`,
+          { scope, afterScope: after?.[0], afterKey: after?.[1], limit: limit + 1 },
+        ),
+      );
+      return keysetPage(rows.map(summaryOfRow), limit);
+    },
+
+    async get(scope, key) {
+      const [row] = await own(() =>
+        run<MysqlSummaryRow[]>(pool, `SELECT ${SUMMARY} FROM ${t} WHERE ${LIVE}`, { scope, key }),
+      );
+      return row && summaryOfRow(row);
+    },
+
+    async delete(scope, key) {
+      return changed(scope, key, await own(() => run<ResultSetHeader>(pool, DELETE, { scope, key })));
+    },
+
+    atomic(input, work) {
+      return deduplicated(input, (waitMs) => atomicOnConnection({ ...input, waitMs }, work));
+    },
+
+    async close() {
+      waiters.wakeAll();
+      if (ownsPool) await pool.end();
+    },
+  };
+}
+
+function summaryOfRow(row: MysqlSummaryRow) {
+  return summaryOf({ ...row, scope: row.scope.toString('utf8'), key: row.key.toString('utf8') });
+}
