@@ -10,6 +10,7 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/types.js';
 import { type SqliteStore, sqliteStore } from '../src/stores/sqlite.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
@@ -23,7 +24,8 @@ afterAll(() => {
   for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
 });
 
-describeStoreConformance('sqlite (file, atomic probe)', async () => {
+/** A store on a file of its own, with a table for the atomic-mode tests to write to. */
+async function sqliteWithProbe() {
   const store = sqliteStore({ filename: tempFile() });
   store.database.exec('CREATE TABLE probe (id INTEGER PRIMARY KEY)');
   return {
@@ -33,7 +35,9 @@ describeStoreConformance('sqlite (file, atomic probe)', async () => {
       count: async () => (store.database.prepare('SELECT count(*) AS n FROM probe').get() as { n: number }).n,
     },
   };
-});
+}
+describeStoreConformance('sqlite (file, atomic probe)', sqliteWithProbe);
+describeIdempotentConformance('sqlite', sqliteWithProbe);
 
 describeStoreConformance('sqlite (caller-owned connection, custom table)', async () => {
   const database = new Database(tempFile());

@@ -5,27 +5,15 @@ import type {
   IncomingRequest,
   Outcome,
 } from './adapter-contract.js';
+import { claimLoop } from './claim-loop.js';
 import { ResponseCollector } from './collector.js';
-import { deadlineGuard } from './deadline.js';
-import { engineEvents, waitResultOf } from './engine-events.js';
 import { isIdempotencyError } from './errors.js';
-import { safeListener } from './events.js';
 import { fingerprint, type RequestBody } from './fingerprint.js';
 import { parseIdempotencyKey } from './key.js';
 import type { IdempotencyOptions } from './options.js';
 import { resolveOptions } from './resolve-options.js';
-import {
-  bodyTooLarge,
-  inProgress,
-  keyInvalid,
-  keyMissing,
-  MAX_WAIT_SLICE_MS,
-  render,
-  storeDown,
-} from './responses.js';
-import { atomicRunner } from './run-atomic.js';
-import { leasedRunner } from './run-leased.js';
-import type { ClaimInput, IdempotencyStore } from './types.js';
+import { bodyTooLarge, keyInvalid, keyMissing, render } from './responses.js';
+import type { ClaimInput } from './types.js';
 
 // The engine's names, where adapters and tests have always imported them from.
 export type {
@@ -49,22 +37,10 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
   options: IdempotencyOptions<Req, Tx>,
 ): Idempotency<Req, Tx> {
   const config = resolveOptions(options);
-  const { store, mode } = config;
+  const { mode } = config;
   const overflow = mode === 'lease' ? 'stream' : 'drop';
-  // Every use is behind `if (emit)`: without a listener no event is built and the clock is read
-  // only where a timeout or a lease needs it.
-  const emit = config.onEvent && safeListener(config.onEvent);
-
-  const events = engineEvents(config, emit);
-  const { rejected, storeFailed, replayOrError, conflictOf, waited } = events;
-
-  const guard = deadlineGuard(
-    config.storeTimeoutMs,
-    `${store.name} store did not answer within ${config.storeTimeoutMs} ms`,
-  );
-
-  const runLeased = leasedRunner<Req, Tx>(config, emit, guard, events);
-  const runAtomic = atomicRunner<Req, Tx>(config, emit, events);
+  const { emit, events, execute } = claimLoop<Req, Tx>(config);
+  const { rejected } = events;
 
   async function handle(
     request: IncomingRequest<Req>,
@@ -105,84 +81,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       ttlMs: config.ttlMs,
       timeoutMs: config.storeTimeoutMs,
     };
-
-    // When this attempt at the key began: one clock read serves the deadline, the claim's timeout
-    // and its timing.
-    let attemptMs = performance.now();
-    const deadline = attemptMs + (config.concurrency === 'wait' ? config.waitMs : 0);
-    // Time in claims (lease mode), and since the key was first found in progress.
-    let storeMs = 0;
-    let waitingSinceMs: number | undefined;
-    for (;;) {
-      let retryAfterMs: number;
-      if (mode === 'atomic') {
-        // In atomic mode a duplicate's claim waits on the original's open transaction: within `wait`.
-        let outcome: Awaited<ReturnType<typeof runAtomic>>;
-        try {
-          outcome = await runAtomic(
-            { ...claim, waitMs: Math.max(0, deadline - attemptMs) },
-            run,
-            request.acceptEncoding,
-            attemptMs,
-          );
-        } catch (error) {
-          waited(claim, waitingSinceMs, 'acquired');
-          throw error;
-        }
-        if (outcome.kind !== 'in_progress') {
-          waited(claim, waitingSinceMs, waitResultOf(outcome));
-          return outcome;
-        }
-        retryAfterMs = outcome.retryAfterMs;
-      } else {
-        let result: Awaited<ReturnType<IdempotencyStore['claim']>>;
-        const claiming = store.claim(claim);
-        try {
-          result = await guard(claiming, attemptMs);
-        } catch (error) {
-          storeFailed('claim', claim, error);
-          waited(claim, waitingSinceMs, 'store_error');
-          // The client is told nothing ran, so a claim that still lands after the timeout must not
-          // hold the key for a whole lease: it is released as soon as it answers.
-          claiming
-            .then(
-              (late) => late.outcome === 'acquired' && store.release(claim.scope, key, late.token),
-              () => undefined,
-            )
-            .catch(() => undefined);
-          return { kind: 'rejected', error: storeDown(error, key) };
-        }
-        const claimedMs = performance.now();
-        storeMs += claimedMs - attemptMs;
-        switch (result.outcome) {
-          case 'acquired':
-            waited(claim, waitingSinceMs, 'acquired');
-            return runLeased(claim, result.token, run, storeMs, claimedMs, request.acceptEncoding);
-          case 'replay':
-            waited(claim, waitingSinceMs, 'replayed');
-            return replayOrError(result.response, claim, storeMs, request.acceptEncoding);
-          case 'mismatch':
-            waited(claim, waitingSinceMs, 'conflict');
-            return conflictOf(claim, storeMs);
-        }
-        retryAfterMs = result.retryAfterMs;
-      }
-      const nowMs = performance.now();
-      if (emit) waitingSinceMs ??= nowMs;
-      const remainingMs = deadline - nowMs;
-      if (remainingMs <= 0) {
-        waited(claim, waitingSinceMs, 'in_progress');
-        return { kind: 'rejected', error: inProgress(key, retryAfterMs) };
-      }
-      try {
-        await store.wait(claim.scope, key, Math.min(remainingMs, retryAfterMs + 1, MAX_WAIT_SLICE_MS));
-      } catch (error) {
-        storeFailed('wait', claim, error);
-        waited(claim, waitingSinceMs, 'store_error');
-        return { kind: 'rejected', error: storeDown(error, key) };
-      }
-      attemptMs = performance.now();
-    }
+    return execute(claim, run, request.acceptEncoding);
   }
 
   return {

@@ -38,6 +38,7 @@ export {
   parsedBody,
   type RequestBody,
 } from './fingerprint.js';
+export { type IdempotentOptions, type IdempotentRun, idempotent } from './idempotent.js';
 export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
 export { credentialScope } from './scope.js';
 export {
