@@ -13,7 +13,14 @@ import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { postgresStore } from '../src/stores/postgres.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
-import { dropSchemas, hasPostgres, hasRedis, PG_URL, requireService, uniqueName } from './support/services.js';
+import {
+  dropSchemas,
+  hasPostgres,
+  hasRedis,
+  PG_URL,
+  requireService,
+  uniqueName,
+} from './support/services.js';
 
 /**
  * 500 jobs per broker, each one's effect a row written through ctx.tx (`idempotent` in atomic
@@ -82,7 +89,9 @@ async function postgresDatabase(): Promise<EffectDatabase> {
   return {
     target: `postgres:${schema}`,
     async counts() {
-      const { rows } = await admin.query(`SELECT job_id, count(*)::int AS n FROM "${schema}".effect GROUP BY job_id`);
+      const { rows } = await admin.query(
+        `SELECT job_id, count(*)::int AS n FROM "${schema}".effect GROUP BY job_id`,
+      );
       return new Map(rows.map((row) => [row.job_id as string, row.n as number]));
     },
     async cleanup() {
@@ -109,7 +118,9 @@ class WorkerPool {
       this.ready.delete(child);
     });
     this.starting = new Promise((resolve, reject) => {
-      child.once('exit', (code, signal) => reject(new Error(`worker exited (${code ?? signal}) before ready`)));
+      child.once('exit', (code, signal) =>
+        reject(new Error(`worker exited (${code ?? signal}) before ready`)),
+      );
       createInterface({ input: child.stdout! }).on('line', (line) => {
         if (line === 'ready') {
           this.ready.add(child);
@@ -274,15 +285,27 @@ async function killWorkersWhileConsuming(
 }
 
 describe('idempotent() behind real brokers, workers SIGKILLed again and again', () => {
-  it.skipIf(!hasRedis || !hasPostgres)('BullMQ (stalled jobs redelivered), effects in PostgreSQL', async () => {
-    await killWorkersWhileConsuming('bullmq', bullmqBroker, postgresDatabase);
-  }, 60_000);
+  it.skipIf(!hasRedis || !hasPostgres)(
+    'BullMQ (stalled jobs redelivered), effects in PostgreSQL',
+    async () => {
+      await killWorkersWhileConsuming('bullmq', bullmqBroker, postgresDatabase);
+    },
+    60_000,
+  );
 
-  it.skipIf(!hasRabbitMq)('RabbitMQ (unacked messages requeued), effects in SQLite', async () => {
-    await killWorkersWhileConsuming('amqp', rabbitBroker, sqliteDatabase);
-  }, 60_000);
+  it.skipIf(!hasRabbitMq)(
+    'RabbitMQ (unacked messages requeued), effects in SQLite',
+    async () => {
+      await killWorkersWhileConsuming('amqp', rabbitBroker, sqliteDatabase);
+    },
+    60_000,
+  );
 
-  it.skipIf(!hasNats || !hasPostgres)('NATS JetStream (redelivered after the ack wait), effects in PostgreSQL', async () => {
-    await killWorkersWhileConsuming('nats', natsBroker, postgresDatabase);
-  }, 60_000);
+  it.skipIf(!hasNats || !hasPostgres)(
+    'NATS JetStream (redelivered after the ack wait), effects in PostgreSQL',
+    async () => {
+      await killWorkersWhileConsuming('nats', natsBroker, postgresDatabase);
+    },
+    60_000,
+  );
 });

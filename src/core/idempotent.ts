@@ -153,7 +153,9 @@ const notStorable = (key: string, why: string) =>
 function inRunTerms(error: IdempotencyError): IdempotencyError {
   const message = RUN_MESSAGES[error.code];
   if (message === undefined) return error;
-  return new IdempotencyError(error.status, error.code, message, error.headers, error.key, { cause: error.cause });
+  return new IdempotencyError(error.status, error.code, message, error.headers, error.key, {
+    cause: error.cause,
+  });
 }
 
 const RUN_MESSAGES: Partial<Record<ErrorCode, string>> = {

@@ -240,7 +240,8 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
       });
       const stored = await store.claim({ scope, key: id, fingerprint, leaseMs: 1000, ttlMs: 60_000 });
       expect(stored.outcome).toBe('replay');
-      if (stored.outcome === 'replay') expect(Buffer.from(stored.response.body).toString()).not.toMatch(/4242/);
+      if (stored.outcome === 'replay')
+        expect(Buffer.from(stored.response.body).toString()).not.toMatch(/4242/);
       expect(await run({ id }, () => 'again')).toEqual({ secret: 'card 4242' });
     });
 
@@ -249,7 +250,8 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
       beforeAll(() => {
         if (subject.atomicProbe) probe = subject.atomicProbe;
       });
-      const atomic = (options: Partial<IdempotentOptions<Input>> = {}) => runner({ mode: 'atomic', ...options });
+      const atomic = (options: Partial<IdempotentOptions<Input>> = {}) =>
+        runner({ mode: 'atomic', ...options });
 
       it("commits work's writes through ctx.tx with its result, once per key", async (t) => {
         if (!isAtomicStore(store) || !subject.atomicProbe) return t.skip();
