@@ -187,7 +187,14 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
 
     it('refuses an input that is not JSON before work runs (input_not_json)', async () => {
       const run = idempotent<unknown>({ store, key: () => freshId() });
-      for (const input of [{ at: new Date() }, new Map(), { n: Number.NaN }, { big: 1n }, [1, , 3]]) {
+      for (const input of [
+        { at: new Date() },
+        new Map(),
+        { n: Number.NaN },
+        { big: 1n },
+        [1, undefined, 3],
+        new Array(2),
+      ]) {
         let ran = false;
         expect(
           await codeOf(
