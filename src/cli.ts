@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
-import type { IdempotencyStore, KeyRecordSummary } from './core/types.js';
+import type { IdempotencyStore, KeyRecordSummary } from './core/contract/index.js';
 
 const USAGE = `Usage:
   retrysafe migrate --database-url <url> [--schema <name>] [--table <name>] [--print]

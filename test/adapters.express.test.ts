@@ -7,8 +7,8 @@ import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type ExpressIdempotencyOptions, idempotency } from '../src/adapters/express.js';
-import type { Duration } from '../src/core/duration.js';
-import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
+import { ConfigError, type IdempotencyError } from '../src/core/contract/index.js';
+import type { Duration } from '../src/core/options/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,

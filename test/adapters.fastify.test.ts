@@ -4,7 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/fastify.js';
-import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
+import { ConfigError, type IdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,

@@ -9,7 +9,7 @@ import { streamText } from 'hono/streaming';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import { afterAll, describe, expect, it } from 'vitest';
 import { type IdempotencyVariables, idempotency } from '../src/adapters/hono.js';
-import { isIdempotencyError } from '../src/core/errors.js';
+import { isIdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,

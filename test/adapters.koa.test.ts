@@ -6,8 +6,8 @@ import { bodyParser } from '@koa/bodyparser';
 import Koa3, { type Context, type Middleware } from 'koa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency, type KoaIdempotencyOptions } from '../src/adapters/koa.js';
-import type { Duration } from '../src/core/duration.js';
-import { ConfigError, type IdempotencyError } from '../src/core/errors.js';
+import { ConfigError, type IdempotencyError } from '../src/core/contract/index.js';
+import type { Duration } from '../src/core/options/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
   type AdapterUnderTest,

@@ -11,7 +11,7 @@ import {
   parseRetryAfterMs,
   RetryBudgetExceededError,
 } from '../src/client/index.js';
-import { RetrysafeError } from '../src/core/errors.js';
+import { RetrysafeError } from '../src/core/contract/index.js';
 
 /** What the scripted server does with the next request. */
 type Answer = { status: number; headers?: Record<string, string>; body?: unknown } | 'reset' | 'hang';
@@ -386,16 +386,16 @@ describe('property: one key per call, and the first final answer ends it', () =>
 it('the client imports nothing but the errors, the option check and the timer bound, so it runs in browsers as in Node', async () => {
   const source = (path: string) => readFile(new URL(path, import.meta.url), 'utf8');
   const client = await source('../src/client/index.ts');
-  const options = await source('../src/core/option-names.ts');
-  const errors = await source('../src/core/errors.ts');
-  const timer = await source('../src/core/timer.ts');
+  const options = await source('../src/core/options/validate.ts');
+  const errors = await source('../src/core/contract/errors.ts');
+  const timer = await source('../src/core/options/timer.ts');
   expect(client.match(/^import .*$/gm)).toEqual([
-    "import { ConfigError, RetrysafeError } from '../core/errors.js';",
-    "import { checkOptions, optionNames } from '../core/option-names.js';",
-    "import { MAX_TIMER_MS, timerMs } from '../core/timer.js';",
+    "import { ConfigError, RetrysafeError } from '../core/contract/errors.js';",
+    "import { MAX_TIMER_MS, timerMs } from '../core/options/timer.js';",
+    "import { checkOptions, optionNames } from '../core/options/validate.js';",
   ]);
   expect(timer).not.toMatch(/^import\s/m);
-  expect(options.match(/^import .*$/gm)).toEqual(["import { ConfigError } from './errors.js';"]);
+  expect(options.match(/^import .*$/gm)).toEqual(["import { ConfigError } from '../contract/errors.js';"]);
   expect(errors).not.toMatch(/^import\s/m);
   for (const text of [client, options, errors, timer])
     expect(text).not.toMatch(/\brequire\(|process\.|Buffer\b/);
@@ -479,7 +479,7 @@ describe('the client documentation', () => {
   it("states the server's default lease as the engine declares it", async () => {
     const root = new URL('..', import.meta.url);
     const engineDefault = /@default '(\d+)s'\n\s*\* @example lease:/.exec(
-      await readFile(new URL('src/core/options.ts', root), 'utf8'),
+      await readFile(new URL('src/core/options/types.ts', root), 'utf8'),
     )?.[1];
     const declared = await readFile(new URL('dist/client/index.d.ts', root), 'utf8');
     expect(engineDefault).toBeDefined();

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { ResponseCollector } from '../src/core/collector.js';
+import { ResponseCollector } from '../src/core/response/index.js';
 
 const bytes = (text: string) => new TextEncoder().encode(text);
 const text = (body: Uint8Array) => new TextDecoder().decode(body);

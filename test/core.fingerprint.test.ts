@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import canonicalize from 'canonicalize';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { fingerprint, parsedBody } from '../src/core/fingerprint.js';
+import { fingerprint, parsedBody } from '../src/core/request/index.js';
 
 const json = 'application/json';
 const fp = (body: string, contentType: string | undefined = json, method = 'POST', path = '/loans') =>

@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { serializeItem } from 'structured-headers';
 import { describe, expect, it } from 'vitest';
-import { parseIdempotencyKey } from '../src/core/key.js';
+import { parseIdempotencyKey } from '../src/core/request/index.js';
 
 const bounds = { minLength: 1, maxLength: 255 };
 const printable = fc.string({

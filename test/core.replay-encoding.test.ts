@@ -1,7 +1,7 @@
 import { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
-import { forAcceptEncoding } from '../src/core/responses.js';
-import type { StoredResponse } from '../src/core/types.js';
+import type { StoredResponse } from '../src/core/contract/index.js';
+import { forAcceptEncoding } from '../src/core/response/index.js';
 
 const text = Buffer.from(JSON.stringify({ books: Array.from({ length: 50 }, (_, i) => `Book ${i}`) }));
 

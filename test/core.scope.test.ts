@@ -1,9 +1,9 @@
 import { createHash, createHmac } from 'node:crypto';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { ConfigError } from '../src/core/errors.js';
-import { resolveOptions } from '../src/core/resolve-options.js';
-import { credentialScope } from '../src/core/scope.js';
+import { ConfigError } from '../src/core/contract/index.js';
+import { resolveOptions } from '../src/core/options/index.js';
+import { credentialScope } from '../src/core/request/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 
 const SECRET = 'a deployment secret of 32 bytes!';

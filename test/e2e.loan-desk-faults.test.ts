@@ -5,7 +5,7 @@ import { promisify } from 'node:util';
 import Database from 'better-sqlite3';
 import { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
-import { fingerprint } from '../src/core/fingerprint.js';
+import { fingerprint } from '../src/core/request/index.js';
 import {
   getJson,
   type LoanResponse,

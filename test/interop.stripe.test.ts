@@ -9,7 +9,7 @@ import Stripe from 'stripe';
 import { afterEach, describe, expect, it } from 'vitest';
 import type { ExpressIdempotencyOptions } from '../src/adapters/express.js';
 import { idempotency } from '../src/adapters/express.js';
-import type { IdempotencyError } from '../src/core/errors.js';
+import type { IdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 
 // The recipe, as docs/reference.md shows it.

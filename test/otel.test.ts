@@ -14,7 +14,7 @@ import {
   SimpleSpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
-import type { IdempotencyEvent, IdempotencyEventListener } from '../src/core/events.js';
+import type { IdempotencyEvent, IdempotencyEventListener } from '../src/core/contract/index.js';
 import { createIdempotency, idempotent } from '../src/core/index.js';
 import { idempotencyTelemetry } from '../src/otel/index.js';
 import { memoryStore } from '../src/stores/memory.js';

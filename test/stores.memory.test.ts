@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import type { ClaimInput } from '../src/core/types.js';
+import type { ClaimInput } from '../src/core/contract/index.js';
 import { Waiters } from '../src/stores/internal.js';
 import { MemoryStoreFullError, memoryStore } from '../src/stores/memory.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';

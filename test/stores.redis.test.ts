@@ -2,7 +2,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ClaimInput, IdempotencyStore, StoredResponse } from '../src/core/types.js';
+import type { ClaimInput, IdempotencyStore, StoredResponse } from '../src/core/contract/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';

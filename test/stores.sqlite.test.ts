@@ -8,7 +8,7 @@ import { createInterface } from 'node:readline';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ClaimInput, StoredResponse } from '../src/core/types.js';
+import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
 import { type SqliteStore, sqliteStore } from '../src/stores/sqlite.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';

@@ -19,8 +19,7 @@ import {
   RetrysafeError,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions } from '../core/option-names.js';
-import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import { closeAfterDrain } from './node-http.js';
 import { captureBody } from './payload.js';
 

@@ -8,8 +8,7 @@ import {
   type IdempotencyOptions,
   type RegisteredTx,
 } from '../core/index.js';
-import { checkOptions } from '../core/option-names.js';
-import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import { capture, pathAndQuery, toResponse } from './web.js';
 
 /** Options of `retrysafe/hono`'s `idempotency`: the engine's over Hono's `Context`. */

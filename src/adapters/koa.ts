@@ -12,8 +12,7 @@ import {
   type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions } from '../core/option-names.js';
-import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
 import { captureBody } from './payload.js';
 

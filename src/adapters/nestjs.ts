@@ -12,7 +12,6 @@ import { RESPONSE_PASSTHROUGH_METADATA, ROUTE_ARGS_METADATA } from '@nestjs/comm
 import { RouteParamtypes } from '@nestjs/common/enums/route-paramtypes.enum.js';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { Observable, type Subscriber } from 'rxjs';
-import { ResponseCollector } from '../core/collector.js';
 import {
   createIdempotency,
   ErrorCode,
@@ -23,8 +22,8 @@ import {
   type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions } from '../core/option-names.js';
-import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
+import { ResponseCollector } from '../core/response/index.js';
 import {
   BODY_TOO_LARGE,
   capture,

@@ -7,7 +7,7 @@ import type {
   ResponseCollector,
   StoredResponse,
 } from '../core/index.js';
-import { withHeader } from '../core/responses.js';
+import { withHeader } from '../core/response/index.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 

@@ -5,8 +5,7 @@ import {
   type IdempotencyOptions,
   type RegisteredTx,
 } from '../core/index.js';
-import { checkOptions } from '../core/option-names.js';
-import { ENGINE_OPTION_NAMES } from '../core/options.js';
+import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import {
   BODY_TOO_LARGE,
   capture,

@@ -4,11 +4,12 @@
  * `crypto.randomUUID()` exist (Node 20+, browsers, Deno, Bun, workers).
  */
 
-import { ConfigError, RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { MAX_TIMER_MS, timerMs } from '../core/timer.js';
+// The files themselves, not their folders' faces: those reach node:crypto, and the client runs in browsers.
+import { ConfigError, RetrysafeError } from '../core/contract/errors.js';
+import { MAX_TIMER_MS, timerMs } from '../core/options/timer.js';
+import { checkOptions, optionNames } from '../core/options/validate.js';
 
-export { ConfigError, RetrysafeError } from '../core/errors.js';
+export { ConfigError, RetrysafeError } from '../core/contract/index.js';
 
 /** What one attempt ended with. */
 export type AttemptOutcome = { kind: 'response'; status: number } | { kind: 'error'; error: unknown };

@@ -1,19 +1,3 @@
-export type { CollectorState, HeaderReader, ResponseCollector } from './collector.js';
-export type { EncryptionKey } from './crypto.js';
-export { type Duration, parseDuration } from './duration.js';
-export {
-  type CapturedResponse,
-  createIdempotency,
-  DEFAULT_REPLAY_HEADERS,
-  defaultStoreStatus,
-  type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  type IncomingRequest,
-  type Outcome,
-  REPLAYED_HEADER,
-} from './engine.js';
-export { ConfigError, ErrorCode, IdempotencyError, isIdempotencyError, RetrysafeError } from './errors.js';
 export type {
   ConflictEvent,
   ExecutedEvent,
@@ -28,32 +12,61 @@ export type {
   ReplayedEvent,
   StoreErrorEvent,
   WaitedEvent,
-} from './events.js';
-export { eventDetail } from './events.js';
-export {
-  type FingerprintBody,
-  type FingerprintInput,
-  fingerprint,
-  type ParsedBody,
-  parsedBody,
-  type RequestBody,
-} from './fingerprint.js';
-export { type IdempotentOptions, type IdempotentRun, idempotent } from './idempotent.js';
-export { type KeyBounds, type ParsedKey, parseIdempotencyKey } from './key.js';
-export { credentialScope } from './scope.js';
+} from './contract/index.js';
 export {
   type AtomicResult,
   type AtomicStore,
   type AtomicWorkResult,
   type ClaimInput,
   type ClaimResult,
+  ConfigError,
+  ErrorCode,
+  eventDetail,
+  IdempotencyError,
   type IdempotencyStore,
   isAtomicStore,
+  isIdempotencyError,
   type KeyPage,
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
   type Register,
   type RegisteredTx,
+  RetrysafeError,
   type StoredResponse,
-} from './types.js';
+} from './contract/index.js';
+export {
+  createIdempotency,
+  type Idempotency,
+  type IdempotencyContext,
+  type Outcome,
+} from './engine/index.js';
+export { type IdempotentOptions, type IdempotentRun, idempotent } from './jobs/index.js';
+export {
+  DEFAULT_REPLAY_HEADERS,
+  type Duration,
+  defaultStoreStatus,
+  type IdempotencyOptions,
+  parseDuration,
+  REPLAYED_HEADER,
+} from './options/index.js';
+export {
+  credentialScope,
+  type FingerprintBody,
+  type FingerprintInput,
+  fingerprint,
+  type IncomingRequest,
+  type KeyBounds,
+  type ParsedBody,
+  type ParsedKey,
+  parsedBody,
+  parseIdempotencyKey,
+  type RequestBody,
+} from './request/index.js';
+export type {
+  CapturedResponse,
+  CollectorState,
+  EncryptionKey,
+  HeaderReader,
+  ResponseCollector,
+} from './response/index.js';

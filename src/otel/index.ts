@@ -1,5 +1,9 @@
 import { type Attributes, type MeterProvider, metrics, trace } from '@opentelemetry/api';
-import { eventDetail, type IdempotencyEventListener, type IdempotencyEventType } from '../core/events.js';
+import {
+  eventDetail,
+  type IdempotencyEventListener,
+  type IdempotencyEventType,
+} from '../core/contract/index.js';
 
 /** Options of {@link idempotencyTelemetry}. */
 export interface IdempotencyTelemetryOptions {

@@ -1,8 +1,13 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { ConfigError } from '../core/errors.js';
-import { timerMs } from '../core/timer.js';
-import { type KeyPage, type KeyRecordSummary, type ListKeysOptions, MAX_LIST_LIMIT } from '../core/types.js';
+import {
+  ConfigError,
+  type KeyPage,
+  type KeyRecordSummary,
+  type ListKeysOptions,
+  MAX_LIST_LIMIT,
+} from '../core/contract/index.js';
+import { timerMs } from '../core/options/index.js';
 
 export const DEFAULT_PURGE_BATCH_SIZE = 1000;
 export const DEFAULT_LIST_LIMIT = 100;

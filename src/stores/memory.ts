@@ -1,6 +1,3 @@
-import { RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
 import type {
   ClaimInput,
   ClaimResult,
@@ -9,7 +6,9 @@ import type {
   KeyRecordSummary,
   ListKeysOptions,
   StoredResponse,
-} from '../core/types.js';
+} from '../core/contract/index.js';
+import { RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
   expiresAtMs,

@@ -1,8 +1,5 @@
 import { createHash, randomUUID } from 'node:crypto';
 import pg from 'pg';
-import { ConfigError, RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -10,7 +7,9 @@ import type {
   ClaimInput,
   ClaimResult,
   StoredResponse,
-} from '../core/types.js';
+} from '../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
   keysetPage,

@@ -1,8 +1,12 @@
 import { Redis } from 'ioredis';
-import { ConfigError, RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
-import type { ClaimResult, IdempotencyStore, KeyRecordSummary, StoredResponse } from '../core/types.js';
+import type {
+  ClaimResult,
+  IdempotencyStore,
+  KeyRecordSummary,
+  StoredResponse,
+} from '../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   DEFAULT_PURGE_BATCH_SIZE,
   listCursor,

@@ -1,9 +1,6 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
-import { ConfigError, RetrysafeError } from '../core/errors.js';
-import { checkOptions, optionNames } from '../core/option-names.js';
-import { timerMs } from '../core/timer.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -13,7 +10,9 @@ import type {
   KeyPage,
   ListKeysOptions,
   StoredResponse,
-} from '../core/types.js';
+} from '../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   expiresAtMs,
   keysetPage,

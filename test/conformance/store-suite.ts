@@ -13,7 +13,7 @@ import {
   type KeyRecordSummary,
   MAX_LIST_LIMIT,
   type StoredResponse,
-} from '../../src/core/types.js';
+} from '../../src/core/contract/index.js';
 import { describeLeaseRenewal } from './lease-suite.js';
 
 /**
@@ -43,7 +43,7 @@ export interface StoreUnderTest {
 }
 
 /**
- * The contract every store passes (src/core/types.ts), written once and run per store.
+ * The contract every store passes (src/core/contract/store.ts), written once and run per store.
  *
  * The store from `setup` is shared by every test here; each test uses fresh random scopes and keys,
  * so a store backed by a shared database works, provided nothing else purges it or writes

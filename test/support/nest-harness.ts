@@ -24,7 +24,7 @@ import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-ex
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { throwError } from 'rxjs';
 import { IdempotencyCtx, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
-import type { IdempotencyContext } from '../../src/core/engine.js';
+import type { IdempotencyContext } from '../../src/core/index.js';
 import { type AdapterUnderTest, paced, plan, type RunningApp } from '../conformance/adapter-suite.js';
 
 /**

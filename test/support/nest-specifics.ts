@@ -20,8 +20,8 @@ import {
 import { APP_FILTER, BaseExceptionFilter, HttpAdapterHost } from '@nestjs/core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IdempotencyCtx, Idempotent, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
-import type { IdempotencyContext } from '../../src/core/engine.js';
-import type { IdempotencyStore } from '../../src/core/types.js';
+import type { IdempotencyStore } from '../../src/core/contract/index.js';
+import type { IdempotencyContext } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
 import { controller, type Platform, type PlatformReply, startNest, urlOf } from './nest-harness.js';
 

@@ -1,20 +1,23 @@
-import type { IncomingRequest } from './adapter-contract.js';
-import { type BodyCipher, bodyCipher } from './crypto.js';
+import type { IdempotencyEventListener } from '../contract/index.js';
+import {
+  ConfigError,
+  type IdempotencyError,
+  type IdempotencyStore,
+  isAtomicStore,
+  type StoredResponse,
+} from '../contract/index.js';
+import type { FingerprintBody, IncomingRequest, KeyBounds } from '../request/index.js';
+import { checkScopeSecret, credentialScope, storableScope } from '../request/index.js';
+import { type BodyCipher, bodyCipher } from '../response/index.js';
 import { toMs } from './duration.js';
-import { ConfigError, type IdempotencyError } from './errors.js';
-import type { IdempotencyEventListener } from './events.js';
-import type { FingerprintBody } from './fingerprint.js';
-import type { KeyBounds } from './key.js';
-import { checkOptions } from './option-names.js';
 import {
   DEFAULT_REPLAY_HEADERS,
   defaultStoreStatus,
   ENGINE_OPTION_NAMES,
   type IdempotencyOptions,
-} from './options.js';
-import { REPLAYED_HEADER } from './responses.js';
-import { checkScopeSecret, credentialScope, storableScope } from './scope.js';
-import { type IdempotencyStore, isAtomicStore, type StoredResponse } from './types.js';
+  REPLAYED_HEADER,
+} from './types.js';
+import { checkOptions } from './validate.js';
 
 /** Headers that never reach storage, whatever the allowlist says. */
 const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);

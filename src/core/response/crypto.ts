@@ -1,5 +1,5 @@
 import { createCipheriv, createDecipheriv, randomBytes } from 'node:crypto';
-import { ConfigError } from './errors.js';
+import { ConfigError } from '../contract/index.js';
 
 const IV_BYTES = 12;
 const TAG_BYTES = 16;

@@ -1,16 +1,16 @@
-import type { CapturedResponse, IdempotencyContext } from './adapter-contract.js';
-import { claimLoop } from './claim-loop.js';
-import type { EncryptionKey } from './crypto.js';
-import type { Duration } from './duration.js';
-import { ConfigError, ErrorCode, IdempotencyError } from './errors.js';
-import type { IdempotencyEventListener } from './events.js';
-import { plainCanonical } from './fingerprint.js';
+import type {
+  AtomicStore,
+  ClaimInput,
+  IdempotencyEventListener,
+  IdempotencyStore,
+} from '../contract/index.js';
+import { ConfigError, ErrorCode, IdempotencyError } from '../contract/index.js';
+import { claimLoop, type IdempotencyContext } from '../engine/index.js';
+import type { Duration } from '../options/index.js';
+import { checkOptions, MAX_KEY_LENGTH, optionNames, resolveOptions } from '../options/index.js';
+import { plainCanonical, sha256, storableScope } from '../request/index.js';
+import type { CapturedResponse, EncryptionKey } from '../response/index.js';
 import { jsonProblem, LONE_SURROGATE } from './json-value.js';
-import { checkOptions, optionNames } from './option-names.js';
-import { MAX_KEY_LENGTH, resolveOptions } from './resolve-options.js';
-import { storableScope } from './scope.js';
-import { sha256 } from './sha256.js';
-import type { AtomicStore, ClaimInput, IdempotencyStore } from './types.js';
 
 /**
  * Options of {@link idempotent}. Durations are ms or strings like `'30s'`, `'7d'`.

@@ -1,10 +1,17 @@
-import type { EncryptionKey } from './crypto.js';
+import type {
+  AtomicStore,
+  IdempotencyError,
+  IdempotencyEventListener,
+  IdempotencyStore,
+  StoredResponse,
+} from '../contract/index.js';
+import type { FingerprintBody } from '../request/index.js';
+import type { EncryptionKey } from '../response/index.js';
 import type { Duration } from './duration.js';
-import type { IdempotencyError } from './errors.js';
-import type { IdempotencyEventListener } from './events.js';
-import type { FingerprintBody } from './fingerprint.js';
-import { optionNames } from './option-names.js';
-import type { AtomicStore, IdempotencyStore, StoredResponse } from './types.js';
+import { optionNames } from './validate.js';
+
+/** The header a replay carries by default (`replayedHeader`). */
+export const REPLAYED_HEADER = 'idempotency-replayed';
 
 /** Response headers replayed by default; everything else (set-cookie, date, …) is never stored. */
 export const DEFAULT_REPLAY_HEADERS = [

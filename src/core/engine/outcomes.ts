@@ -1,9 +1,15 @@
+import type {
+  ClaimInput,
+  IdempotencyEventListener,
+  RejectedEvent,
+  StoredResponse,
+  StoreErrorEvent,
+  WaitedEvent,
+} from '../contract/index.js';
+import { ErrorCode, type IdempotencyError } from '../contract/index.js';
+import type { ResolvedOptions } from '../options/index.js';
+import { conflict, forAcceptEncoding, replayUnreadable, toReplay } from '../response/index.js';
 import type { Outcome } from './adapter-contract.js';
-import { ErrorCode, type IdempotencyError } from './errors.js';
-import type { IdempotencyEventListener, RejectedEvent, StoreErrorEvent, WaitedEvent } from './events.js';
-import type { ResolvedOptions } from './resolve-options.js';
-import { conflict, forAcceptEncoding, replayUnreadable, toReplay } from './responses.js';
-import type { ClaimInput, StoredResponse } from './types.js';
 
 /** How a wait ended, from the outcome of the atomic call that ended it. */
 export function waitResultOf(outcome: Outcome): WaitedEvent['result'] {

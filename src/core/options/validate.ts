@@ -1,4 +1,4 @@
-import { ConfigError } from './errors.js';
+import { ConfigError } from '../contract/errors.js';
 
 /**
  * The names of an options type, checked by the compiler against the type itself: a literal

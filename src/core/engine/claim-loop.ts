@@ -1,12 +1,13 @@
-import type { CapturedResponse, IdempotencyContext, Outcome } from './adapter-contract.js';
+import type { ClaimInput, IdempotencyStore } from '../contract/index.js';
+import { safeListener } from '../contract/index.js';
+import type { ResolvedOptions } from '../options/index.js';
+import type { CapturedResponse } from '../response/index.js';
+import { inProgress, MAX_WAIT_SLICE_MS, storeDown } from '../response/index.js';
+import type { IdempotencyContext, Outcome } from './adapter-contract.js';
+import { atomicRunner } from './atomic-mode.js';
 import { deadlineGuard } from './deadline.js';
-import { engineEvents, waitResultOf } from './engine-events.js';
-import { safeListener } from './events.js';
-import type { ResolvedOptions } from './resolve-options.js';
-import { inProgress, MAX_WAIT_SLICE_MS, storeDown } from './responses.js';
-import { atomicRunner } from './run-atomic.js';
-import { leasedRunner } from './run-leased.js';
-import type { ClaimInput, IdempotencyStore } from './types.js';
+import { leasedRunner } from './lease-mode.js';
+import { engineEvents, waitResultOf } from './outcomes.js';
 
 /**
  * The state machine past the key: claims it (lease or atomic mode), runs `run` once it is held,

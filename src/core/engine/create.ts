@@ -1,30 +1,13 @@
-import type {
-  CapturedResponse,
-  Idempotency,
-  IdempotencyContext,
-  IncomingRequest,
-  Outcome,
-} from './adapter-contract.js';
+import type { ClaimInput } from '../contract/index.js';
+import { isIdempotencyError } from '../contract/index.js';
+import type { IdempotencyOptions } from '../options/index.js';
+import { resolveOptions } from '../options/index.js';
+import type { IncomingRequest } from '../request/index.js';
+import { fingerprint, parseIdempotencyKey, type RequestBody } from '../request/index.js';
+import type { CapturedResponse } from '../response/index.js';
+import { bodyTooLarge, keyInvalid, keyMissing, ResponseCollector, render } from '../response/index.js';
+import type { Idempotency, IdempotencyContext, Outcome } from './adapter-contract.js';
 import { claimLoop } from './claim-loop.js';
-import { ResponseCollector } from './collector.js';
-import { isIdempotencyError } from './errors.js';
-import { fingerprint, type RequestBody } from './fingerprint.js';
-import { parseIdempotencyKey } from './key.js';
-import type { IdempotencyOptions } from './options.js';
-import { resolveOptions } from './resolve-options.js';
-import { bodyTooLarge, keyInvalid, keyMissing, render } from './responses.js';
-import type { ClaimInput } from './types.js';
-
-// The engine's names, where adapters and tests have always imported them from.
-export type {
-  CapturedResponse,
-  Idempotency,
-  IdempotencyContext,
-  IncomingRequest,
-  Outcome,
-} from './adapter-contract.js';
-export { DEFAULT_REPLAY_HEADERS, defaultStoreStatus, type IdempotencyOptions } from './options.js';
-export { REPLAYED_HEADER } from './responses.js';
 
 const PASS: Outcome = Object.freeze({ kind: 'pass' });
 

@@ -1,10 +1,10 @@
-import type { CapturedResponse, IdempotencyContext, Outcome } from './adapter-contract.js';
-import type { EngineEvents } from './engine-events.js';
-import type { IdempotencyEventListener } from './events.js';
+import type { AtomicStore, ClaimInput, IdempotencyEventListener } from '../contract/index.js';
+import type { ResolvedOptions } from '../options/index.js';
+import type { CapturedResponse } from '../response/index.js';
+import { responseTooLarge, storeDown, toStored } from '../response/index.js';
+import type { IdempotencyContext, Outcome } from './adapter-contract.js';
 import { handlerContext } from './handler-context.js';
-import type { ResolvedOptions } from './resolve-options.js';
-import { responseTooLarge, storeDown, toStored } from './responses.js';
-import type { AtomicStore, ClaimInput } from './types.js';
+import type { EngineEvents } from './outcomes.js';
 
 /**
  * Atomic mode's step: claims the key and runs the handler in one store transaction, which commits

@@ -1,5 +1,5 @@
 import crypto from 'node:crypto';
-import { ConfigError } from './errors.js';
+import { ConfigError } from '../contract/index.js';
 import { sha256 } from './sha256.js';
 
 /** A deployment's scope secret: a string or bytes, at least this long, so it cannot be guessed. */

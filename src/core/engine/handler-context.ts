@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
+import type { ClaimInput } from '../contract/index.js';
 import type { IdempotencyContext } from './adapter-contract.js';
-import type { ClaimInput } from './types.js';
 
 /** What the handler is told about its request; `tx` is the atomic store's transaction. */
 export function handlerContext<Tx>(claim: ClaimInput, tx: Tx | undefined): IdempotencyContext<Tx> {

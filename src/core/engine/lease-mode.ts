@@ -1,12 +1,18 @@
-import type { CapturedResponse, IdempotencyContext, Outcome } from './adapter-contract.js';
+import type {
+  ClaimInput,
+  ClaimResult,
+  IdempotencyEventListener,
+  ReleasedEvent,
+  StoredResponse,
+} from '../contract/index.js';
+import type { ResolvedOptions } from '../options/index.js';
+import type { CapturedResponse } from '../response/index.js';
+import { inProgress, toStored } from '../response/index.js';
+import type { IdempotencyContext, Outcome } from './adapter-contract.js';
 import type { deadlineGuard } from './deadline.js';
-import type { EngineEvents } from './engine-events.js';
-import type { IdempotencyEventListener, ReleasedEvent } from './events.js';
 import { handlerContext } from './handler-context.js';
-import { leaseKeeper } from './lease.js';
-import type { ResolvedOptions } from './resolve-options.js';
-import { inProgress, toStored } from './responses.js';
-import type { ClaimInput, ClaimResult, StoredResponse } from './types.js';
+import { leaseKeeper } from './lease-keeper.js';
+import type { EngineEvents } from './outcomes.js';
 
 /**
  * Lease mode's step once the key is claimed: runs the handler while its lease is renewed, then

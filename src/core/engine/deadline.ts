@@ -1,5 +1,5 @@
-import { RetrysafeError } from './errors.js';
-import { timerMs } from './timer.js';
+import { RetrysafeError } from '../contract/index.js';
+import { timerMs } from '../options/index.js';
 
 /**
  * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending

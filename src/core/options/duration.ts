@@ -1,5 +1,5 @@
 import ms from 'ms';
-import { ConfigError } from './errors.js';
+import { ConfigError } from '../contract/index.js';
 
 /**
  * Milliseconds as a number, or a string `ms` reads, such as `'30s'`, `'15m'`, `'24h'`, `'7d'`,

@@ -1,4 +1,10 @@
-import type { CapturedResponse } from './adapter-contract.js';
+import type { StoredResponse } from '../contract/index.js';
+
+/** A response as an adapter captured it from the handler. */
+export interface CapturedResponse extends StoredResponse {
+  /** `false` when the body outgrew `maxResponseBytes` and was streamed, not kept. */
+  complete: boolean;
+}
 
 /** What a collector does with the body: `keep` it; past the limit `stream` it on unsaved, or `drop` it. */
 export type CollectorState = 'keep' | 'stream' | 'drop';

@@ -1,6 +1,5 @@
-import type { IdempotencyEventListener } from './events.js';
-import { timerMs } from './timer.js';
-import type { IdempotencyStore } from './types.js';
+import type { IdempotencyEventListener, IdempotencyStore } from '../contract/index.js';
+import { timerMs } from '../options/index.js';
 
 interface HeldLease {
   scope: string;

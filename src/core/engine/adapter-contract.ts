@@ -1,36 +1,8 @@
-import type { ResponseCollector } from './collector.js';
-import type { IdempotencyError } from './errors.js';
-import type { RequestBody } from './fingerprint.js';
-import type { StoredResponse } from './types.js';
+import type { IdempotencyError, StoredResponse } from '../contract/index.js';
+import type { IncomingRequest } from '../request/index.js';
+import type { CapturedResponse, ResponseCollector } from '../response/index.js';
 
 // What an adapter and the engine exchange: the request in, the handler's response, the outcome out.
-
-/** What an adapter knows of an incoming request. */
-export interface IncomingRequest<Req = unknown> {
-  method: string;
-  /** Path and query string. */
-  path: string;
-  /**
-   * The value of the engine's `keyHeader` (`Idempotency-Key` unless `headerName` says otherwise):
-   * an array when it appeared more than once; `undefined` when absent or when `keyHeader` is.
-   */
-  keyHeader: string | readonly string[] | undefined;
-  contentType: string | undefined;
-  /**
-   * The `Accept-Encoding` header: a replay stored compressed is decoded for a request that does
-   * not accept its coding. Absent or `undefined`: the request sent none, and gets it decoded.
-   */
-  acceptEncoding?: string | undefined;
-  /** The `Authorization` header, for the default `scope`. */
-  authorization: string | undefined;
-  /**
-   * Reads the body; called at most once and only for guarded requests. A body a parser already
-   * consumed is handed over as `parsedBody(value)`; the engine answers 413 past `maxBodyBytes`.
-   */
-  readBody: () => RequestBody | Promise<RequestBody>;
-  /** The framework's request, handed to `scope`. */
-  raw: Req;
-}
 
 /** Handed to the handler of a guarded request. */
 export interface IdempotencyContext<Tx = unknown> {
@@ -41,12 +13,6 @@ export interface IdempotencyContext<Tx = unknown> {
   tx: Tx | undefined;
   /** A key for a downstream provider derived from ours, so its retries are idempotent too. */
   downstreamKey(purpose: string): string;
-}
-
-/** A response as an adapter captured it from the handler. */
-export interface CapturedResponse extends StoredResponse {
-  /** `false` when the body outgrew `maxResponseBytes` and was streamed, not kept. */
-  complete: boolean;
 }
 
 /**

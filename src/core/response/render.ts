@@ -1,0 +1,100 @@
+import { ErrorCode, IdempotencyError, type StoredResponse } from '../contract/index.js';
+import type { BodyCipher } from './crypto.js';
+import { withHeader } from './stored.js';
+
+// A duplicate polls no slower than this while it waits, so a missed notification costs little.
+export const MAX_WAIT_SLICE_MS = 1000;
+
+/** The resolved options that shape stored responses and rendered errors. */
+export interface ResponseShaping {
+  readonly replayHeaders: ReadonlySet<string>;
+  /** Lower-case, or `undefined` for no replay header. */
+  readonly replayedHeader: string | undefined;
+  readonly cipher: BodyCipher | undefined;
+  readonly mismatchStatus: number;
+  readonly profile: 'default' | 'ietf';
+  readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
+  readonly maxBodyBytes: number;
+  readonly maxResponseBytes: number;
+}
+
+export function storeDown(cause: unknown, key: string): IdempotencyError {
+  return new IdempotencyError(
+    503,
+    ErrorCode.storeUnavailable,
+    'The idempotency store is unavailable; the request was not processed. Retry with the same key.',
+    { 'retry-after': '1' },
+    key,
+    { cause },
+  );
+}
+
+export function replayUnreadable(cause: unknown, key: string): IdempotencyError {
+  return new IdempotencyError(
+    500,
+    ErrorCode.replayUnreadable,
+    'The stored response for this key cannot be decrypted with the configured encryptionKey.',
+    {},
+    key,
+    { cause },
+  );
+}
+
+export const conflict = (config: ResponseShaping, key: string) =>
+  new IdempotencyError(
+    config.mismatchStatus,
+    ErrorCode.keyConflict,
+    'This Idempotency-Key was already used with a different request (method, path or body).',
+    {},
+    key,
+  );
+
+export const inProgress = (key: string, retryAfterMs: number) =>
+  new IdempotencyError(
+    409,
+    ErrorCode.inProgress,
+    'A request with this Idempotency-Key is still being processed. Retry later with the same key.',
+    { 'retry-after': String(Math.max(1, Math.ceil(Math.min(retryAfterMs, MAX_WAIT_SLICE_MS) / 1000))) },
+    key,
+  );
+
+export const keyMissing = () =>
+  new IdempotencyError(400, ErrorCode.keyMissing, 'This endpoint requires an Idempotency-Key header.');
+
+export const keyInvalid = (reason: string) => new IdempotencyError(400, ErrorCode.keyInvalid, reason);
+
+export const responseTooLarge = (config: ResponseShaping, key: string) =>
+  new IdempotencyError(
+    500,
+    ErrorCode.responseTooLarge,
+    `The response exceeded maxResponseBytes (${config.maxResponseBytes}); the operation was rolled back.`,
+    {},
+    key,
+  );
+
+export const bodyTooLarge = (config: ResponseShaping) =>
+  new IdempotencyError(413, ErrorCode.bodyTooLarge, `The request body exceeds ${config.maxBodyBytes} bytes.`);
+
+/** The HTTP response for an engine error: `onError`'s, or JSON (`ietf`: problem+json). */
+export function render(config: ResponseShaping, error: IdempotencyError): StoredResponse {
+  const custom = config.onError?.(error);
+  if (custom) return custom;
+  if (config.profile === 'ietf') {
+    const problem = { type: `about:blank`, title: error.code, status: error.status, detail: error.message };
+    return {
+      status: error.status,
+      headers: withHeader(error.headers, 'content-type', 'application/problem+json'),
+      body: Buffer.from(JSON.stringify(problem)),
+    };
+  }
+  const payload = {
+    error: error.code,
+    message: error.message,
+    ...(error.key === undefined ? {} : { key: error.key }),
+  };
+  return {
+    status: error.status,
+    headers: withHeader(error.headers, 'content-type', 'application/json; charset=utf-8'),
+    body: Buffer.from(JSON.stringify(payload)),
+  };
+}
