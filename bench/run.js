@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const SCENARIOS = ['engine', 'overhead', 'replay', 'hotkey', 'growth', 'peers', 'memory'];
+const SCENARIOS = ['engine', 'overhead', 'replay', 'hotkey', 'growth', 'peers', 'memory', 'jobs'];
 
 const { values: flags } = parseArgs({
   options: {
