@@ -28,7 +28,8 @@ import {
  * every 250 ms, KILLS times, and replaced; the broker redelivers what the dead worker held (BullMQ
  * stalled jobs, RabbitMQ unacked messages, JetStream past the ack wait). Then: exactly one row per
  * job, and deduplicated deliveries (a job whose effect had committed but whose ack died with its
- * worker) were seen. Bounded by counts: KILLS kills, then at most SETTLE_POLLS polls.
+ * worker) were seen. Bounded by counts: KILLS kills, then at most SETTLE_POLLS polls; each test's
+ * timeout (90 s) is a guard for a machine under heavy load, where one took 61 s (load average 25).
  */
 const JOBS = 500;
 const WORKERS = 3;
@@ -290,7 +291,7 @@ describe('idempotent() behind real brokers, workers SIGKILLed again and again', 
     async () => {
       await killWorkersWhileConsuming('bullmq', bullmqBroker, postgresDatabase);
     },
-    60_000,
+    90_000,
   );
 
   it.skipIf(!hasRabbitMq)(
@@ -298,7 +299,7 @@ describe('idempotent() behind real brokers, workers SIGKILLed again and again', 
     async () => {
       await killWorkersWhileConsuming('amqp', rabbitBroker, sqliteDatabase);
     },
-    60_000,
+    90_000,
   );
 
   it.skipIf(!hasNats || !hasPostgres)(
@@ -306,6 +307,6 @@ describe('idempotent() behind real brokers, workers SIGKILLed again and again', 
     async () => {
       await killWorkersWhileConsuming('nats', natsBroker, postgresDatabase);
     },
-    60_000,
+    90_000,
   );
 });
