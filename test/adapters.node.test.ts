@@ -12,6 +12,7 @@ import {
   paced,
   plan,
   postgres,
+  postgresBehindPgBouncer,
   type RunningApp,
   redis,
   sqlite,
@@ -52,7 +53,7 @@ const nodeAdapter: AdapterUnderTest = {
   },
 };
 
-describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, redis]);
+describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, redis]);
 
 const MiB = 1024 * 1024;
 

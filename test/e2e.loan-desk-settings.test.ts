@@ -83,6 +83,10 @@ describe('loan desk DATABASE_URL mistakes', () => {
     ['postgres://[bad', /DATABASE_URL="postgres:\/\/\[bad" is invalid: .*host/],
     ['postgres://root@127.0.0.1:99999/test', /DATABASE_URL=.* is invalid: .*port 99999/],
     ['postgress://root@127.0.0.1:5432/test', /DATABASE_URL=.* is invalid: .*postgress:/],
+    [
+      'postgres://root@127.0.0.1:6432/test?pooling=statement',
+      /DATABASE_URL=.* is invalid: .*pooling=transaction/,
+    ],
   ])('%s stops the start naming the variable and the mistake, exit 1, no stack', async (url, message) => {
     const start = run(process.execPath, ['examples/library-loans/server.js'], {
       cwd: ROOT,

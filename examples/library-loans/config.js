@@ -9,6 +9,7 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *
  * HOST, PORT                 where to listen (127.0.0.1:8483; PORT=0 picks a free port)
  * DATABASE_URL               a SQLite file (library.db) or postgres://user@host:port/db?schema=name
+ *                            (&pooling=transaction behind PgBouncer in transaction pooling mode)
  * IDEMPOTENCY_STORE          where keys live: the database (default), `memory`, or
  *                            redis://host:port?prefix=name (keys then live in Redis, loans in SQL)
  * IDEMPOTENCY_MODE           atomic (default with keys in the database) or lease
@@ -72,7 +73,12 @@ export function readConfig(env = process.env) {
     if (!/^[A-Za-z_][A-Za-z0-9_]{0,62}$/.test(schema))
       fail('DATABASE_URL', 'a schema name of letters, digits, _');
     url.searchParams.delete('schema');
-    database = { kind: 'postgres', url: url.toString(), schema };
+    // Ours too: `pooling=transaction` when the URL names PgBouncer in transaction pooling mode.
+    const pooling = url.searchParams.get('pooling') || 'session';
+    if (pooling !== 'session' && pooling !== 'transaction')
+      fail('DATABASE_URL', 'pooling=session or pooling=transaction');
+    url.searchParams.delete('pooling');
+    database = { kind: 'postgres', url: url.toString(), schema, pooling };
   } else {
     database = { kind: 'sqlite', filename: databaseUrl.replace(/^(sqlite|file):(\/\/)?/, '') };
   }

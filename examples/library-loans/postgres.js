@@ -8,10 +8,11 @@ import { BOOKS, DEFAULT_INTENT_TTL_MS, MEMBERS } from './catalog.js';
  * mode a keyed loan carries its `intent` (unique): a dead desk's INSERT that commits after its
  * lease, when the retry ran again, cannot make a second loan for one intent.
  * `setup: true` runs the store's migration and creates the tables and the catalog when missing;
- * several instances starting at once take turns on an advisory lock.
+ * several instances starting at once take turns on an advisory lock. Behind a transaction pooler
+ * (`pooling: 'transaction'`) no statement is prepared: the next transaction may find another session.
  */
-export async function openPostgres({ url, schema, setup }) {
-  const store = postgresStore({ connectionString: url, schema });
+export async function openPostgres({ url, schema, pooling = 'session', setup }) {
+  const store = postgresStore({ connectionString: url, schema, pooling });
   const { pool } = store;
   const s = `"${schema}"`;
   if (setup) {
@@ -83,6 +84,9 @@ export async function openPostgres({ url, schema, setup }) {
     text: `UPDATE ${s}.loan SET intent = NULL WHERE intent = $1 AND intent_until_ms <= ${NOW_MS}`,
   };
 
+  const statement = ({ name, text }) => (pooling === 'transaction' ? { text } : { name, text });
+  const [lendSql, lentSql, forgetSql] = [LEND, LENT, FORGET].map(statement);
+
   return {
     store,
     /**
@@ -95,17 +99,18 @@ export async function openPostgres({ url, schema, setup }) {
       const until = intent === undefined ? null : intentTtlMs;
       for (let attempt = 0; ; attempt++) {
         const { rows } = await client.query({
-          ...LEND,
+          ...lendSql,
           values: [loan.member, loan.isbn, loan.issuedAt, intent ?? null, until],
         });
         const [row] = rows;
         if (!row.book) return { missing: 'isbn' };
         if (!row.member) return { missing: 'member' };
         if (row.loan) return { loan: row.loan };
-        const [{ lapsed, ...lent } = { lapsed: true }] = (await client.query({ ...LENT, values: [intent] }))
-          .rows;
+        const [{ lapsed, ...lent } = { lapsed: true }] = (
+          await client.query({ ...lentSql, values: [intent] })
+        ).rows;
         if (!lapsed || attempt === 2) return { loan: lent };
-        await client.query({ ...FORGET, values: [intent] });
+        await client.query({ ...forgetSql, values: [intent] });
       }
     },
     listLoans: async () => (await pool.query(`SELECT ${LOAN_COLUMNS} FROM ${s}.loan ORDER BY id`)).rows,

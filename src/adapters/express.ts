@@ -1,7 +1,6 @@
 import type { OutgoingHttpHeaders } from 'node:http';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import {
-  ConfigError,
   createIdempotency,
   ErrorCode,
   type Idempotency,
@@ -11,18 +10,18 @@ import {
   type RegisteredTx,
   type RequestBody,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import {
-  BODY_TOO_LARGE,
   capture,
   closeAfterDrain,
   keyHeaderOf,
+  type RenderErrorsOption,
   readBody,
   resetHeaders,
   send,
   sendAnswer,
+  splitAdapterOptions,
   toDictionaryMode,
-} from './node-http.js';
+} from './kit/index.js';
 
 declare global {
   namespace Express {
@@ -34,7 +33,9 @@ declare global {
 }
 
 /** Options of `retrysafe/express`'s `idempotency`: the engine's, plus `renderErrors`. */
-export interface ExpressIdempotencyOptions<Tx = RegisteredTx> extends IdempotencyOptions<Request, Tx> {
+export interface ExpressIdempotencyOptions<Tx = RegisteredTx>
+  extends IdempotencyOptions<Request, Tx>,
+    RenderErrorsOption {
   /**
    * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in
    * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering),
@@ -46,8 +47,6 @@ export interface ExpressIdempotencyOptions<Tx = RegisteredTx> extends Idempotenc
    */
   renderErrors?: boolean;
 }
-
-const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
 
 /**
  * Express 4 and 5 middleware guarding POST/PATCH routes with Idempotency-Key. Mount it per app,
@@ -64,14 +63,7 @@ const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
  * });
  */
 export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOptions<Tx>): RequestHandler {
-  const { renderErrors = true, ...engineOptions } = checkOptions(
-    'express idempotency()',
-    options,
-    OPTION_NAMES,
-  );
-  if (typeof renderErrors !== 'boolean') {
-    throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
-  }
+  const { renderErrors, engineOptions } = splitAdapterOptions('express idempotency()', options);
   const engine = createIdempotency<Request, Tx>(engineOptions);
 
   async function guard(req: Request, res: Response, next: NextFunction): Promise<void> {
@@ -130,12 +122,7 @@ function bodyOf(req: Request, engine: Idempotency<Request, unknown>): RequestBod
 }
 
 async function readUnparsed(req: Request, engine: Idempotency<Request, unknown>): Promise<Uint8Array> {
-  let body: Buffer;
-  try {
-    body = await readBody(req, engine.maxBodyBytes);
-  } catch (error) {
-    throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
-  }
+  const body = await readBody(req, engine);
   // Parsers mounted later then skip the consumed stream instead of waiting on it.
   Object.assign(req, { body, _body: true });
   return body;

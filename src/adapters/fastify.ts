@@ -9,7 +9,6 @@ import type {
 import fastifyPlugin from 'fastify-plugin';
 import {
   type CapturedResponse,
-  ConfigError,
   createIdempotency,
   type IdempotencyContext,
   type IdempotencyError,
@@ -19,12 +18,19 @@ import {
   RetrysafeError,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
-import { closeAfterDrain } from './node-http.js';
-import { captureBody } from './payload.js';
+import {
+  type AdapterOptions,
+  captureBody,
+  checkAdapterOptions,
+  closeAfterDrain,
+  type RenderErrorsOption,
+  splitAdapterOptions,
+} from './kit/index.js';
 
 /** Options of the `retrysafe/fastify` plugin: the engine's, plus the plugin's own. */
-export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest, RegisteredTx> {
+export interface FastifyIdempotencyOptions
+  extends IdempotencyOptions<FastifyRequest, RegisteredTx>,
+    RenderErrorsOption {
   /**
    * `true`: the plugin answers engine errors (bad or missing key 400, conflict 409/422, in
    * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering).
@@ -90,7 +96,7 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fas
   ) {
     let defaults: RouteHooks;
     try {
-      defaults = routeGuard(checkOptions('the retrysafe Fastify plugin', options, OPTION_NAMES));
+      defaults = routeGuard(splitAdapterOptions('the retrysafe Fastify plugin', options));
     } catch (error) {
       return done(error as Error);
     }
@@ -100,10 +106,8 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fas
       if (own === undefined) return defaults;
       let guard = overridden.get(own);
       if (guard === undefined) {
-        guard = routeGuard({
-          ...options,
-          ...checkOptions("a route's config.idempotency", own, OPTION_NAMES),
-        });
+        const label = "a route's config.idempotency";
+        guard = routeGuard(splitAdapterOptions(label, { ...options, ...checkAdapterOptions(label, own) }));
         overridden.set(own, guard);
       }
       return guard;
@@ -136,8 +140,6 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fas
   },
   { name: 'retrysafe', fastify: '5.x' },
 );
-
-const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
 
 /** Marks, in a route's config, a route guarded by route hooks, which the instance hooks skip. */
 const GUARDED_BY_ROUTE_HOOKS = Symbol('retrysafe.guardedByRouteHooks');
@@ -185,11 +187,7 @@ interface RouteHooks {
   onError(request: FastifyRequest, error: Error): Promise<void>;
 }
 
-function routeGuard(options: FastifyIdempotencyOptions): RouteHooks {
-  const { renderErrors = true, ...engineOptions } = options ?? ({} as FastifyIdempotencyOptions);
-  if (typeof renderErrors !== 'boolean') {
-    throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
-  }
+function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdempotencyOptions>): RouteHooks {
   const engine = createIdempotency<FastifyRequest, unknown>(engineOptions);
   const bodies = new WeakMap<FastifyRequest, RawBody>();
   const pending = new WeakMap<FastifyRequest, Pending>();

@@ -5,9 +5,14 @@ import {
   type IdempotencyOptions,
   type RegisteredTx,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
-import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './node-http.js';
-import { capture, pathAndQuery, toResponse } from './web.js';
+import {
+  captureWebResponse,
+  DRAIN_MAX_BYTES,
+  DRAIN_MAX_MS,
+  engineOptionsOf,
+  pathAndQuery,
+  toResponse,
+} from './kit/index.js';
 
 /** Options of `retrysafe/fetch`'s `idempotency`: the engine's over Web-standard `Request`s. */
 export type FetchIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Request, Tx>;
@@ -49,9 +54,7 @@ export function idempotencyOf<Tx = RegisteredTx>(request: Request): IdempotencyC
  * });
  */
 export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<Tx>) {
-  const engine = createIdempotency<Request, Tx>(
-    checkOptions('fetch idempotency()', options, ENGINE_OPTION_NAMES),
-  );
+  const engine = createIdempotency<Request, Tx>(engineOptionsOf('fetch idempotency()', options));
   return function guard<R extends Request, Rest extends unknown[]>(
     handler: FetchHandler<R, Rest>,
   ): (request: R, ...rest: Rest) => Promise<Response> {
@@ -70,7 +73,7 @@ export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<
         },
         async (ctx) => {
           contexts.set(request, ctx);
-          const captured = await capture(engine.collect(), await handler(request, ...rest));
+          const captured = await captureWebResponse(engine.collect(), await handler(request, ...rest));
           sent = captured.send;
           return captured.response;
         },

@@ -8,8 +8,7 @@ import {
   type IdempotencyOptions,
   type RegisteredTx,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
-import { capture, pathAndQuery, toResponse } from './web.js';
+import { captureWebResponse, engineOptionsOf, pathAndQuery, toResponse } from './kit/index.js';
 
 /** Options of `retrysafe/hono`'s `idempotency`: the engine's over Hono's `Context`. */
 export type HonoIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Context, Tx>;
@@ -45,9 +44,7 @@ declare module 'hono' {
 export function idempotency<Tx = RegisteredTx>(
   options: HonoIdempotencyOptions<Tx>,
 ): MiddlewareHandler<{ Variables: IdempotencyVariables<Tx> }> {
-  const engine = createIdempotency<Context, Tx>(
-    checkOptions('hono idempotency()', options, ENGINE_OPTION_NAMES),
-  );
+  const engine = createIdempotency<Context, Tx>(engineOptionsOf('hono idempotency()', options));
 
   return async function idempotency(c, next) {
     let sent: Response | undefined;
@@ -70,7 +67,7 @@ export function idempotency<Tx = RegisteredTx>(
           // Hono hands a handler's error to app.onError before we get back here; rethrowing it
           // tells the engine to release the key.
           if (c.error) throw c.error;
-          const captured = await capture(engine.collect(), c.res);
+          const captured = await captureWebResponse(engine.collect(), c.res);
           sent = captured.send;
           return captured.response;
         },

@@ -2,22 +2,30 @@ import type { OutgoingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import type { Context, Middleware } from 'koa';
 import {
-  ConfigError,
   createIdempotency,
   ErrorCode,
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
   parsedBody,
+  type RegisteredTx,
   type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
-import { BODY_TOO_LARGE, closeAfterDrain, keyHeaderOf, readBody, resetHeaders } from './node-http.js';
-import { captureBody } from './payload.js';
+import {
+  captureBody,
+  closeAfterDrain,
+  keyHeaderOf,
+  type RenderErrorsOption,
+  readBody,
+  resetHeaders,
+  splitAdapterOptions,
+} from './kit/index.js';
 
 /** Options of `retrysafe/koa`'s `idempotency`: the engine's, plus `renderErrors`. */
-export interface KoaIdempotencyOptions extends IdempotencyOptions<Context> {
+export interface KoaIdempotencyOptions<Tx = RegisteredTx>
+  extends IdempotencyOptions<Context, Tx>,
+    RenderErrorsOption {
   /**
    * `true`: the middleware answers engine errors (bad or missing key 400, conflict 409/422, in
    * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering).
@@ -39,8 +47,6 @@ export interface IdempotencyState {
 // These statuses carry no body; Koa strips whatever ctx.body holds.
 const EMPTY_STATUS = new Set([204, 205, 304]);
 
-const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
-
 /**
  * Koa 2 and 3 middleware guarding POST/PATCH requests with Idempotency-Key. Mount it after
  * `@koa/bodyparser` (the fingerprint uses `ctx.request.rawBody`, or the parsed body) or without
@@ -60,11 +66,8 @@ const OPTION_NAMES = [...ENGINE_OPTION_NAMES, 'renderErrors'];
  *   ctx.body = { id, key: ctx.state.idempotency?.key };
  * });
  */
-export function idempotency<Tx = unknown>(options: KoaIdempotencyOptions): Middleware {
-  const { renderErrors = true, ...engineOptions } = checkOptions('koa idempotency()', options, OPTION_NAMES);
-  if (typeof renderErrors !== 'boolean') {
-    throw new ConfigError('retrysafe: option `renderErrors` must be a boolean');
-  }
+export function idempotency<Tx = RegisteredTx>(options: KoaIdempotencyOptions<Tx>): Middleware {
+  const { renderErrors, engineOptions } = splitAdapterOptions('koa idempotency()', options);
   const engine = createIdempotency<Context, Tx>(engineOptions);
 
   return async function idempotencyMiddleware(ctx, next) {
@@ -120,12 +123,7 @@ async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Prom
   if (request.body !== undefined && (typeof request.rawBody === 'string' || ctx.req.readableEnded)) {
     return typeof request.rawBody === 'string' ? Buffer.from(request.rawBody) : parsedBody(request.body);
   }
-  let body: Buffer;
-  try {
-    body = await readBody(ctx.req, engine.maxBodyBytes);
-  } catch (error) {
-    throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
-  }
+  const body = await readBody(ctx.req, engine);
   // A body parser mounted later sees a body and skips the consumed stream.
   request.body = body;
   return body;

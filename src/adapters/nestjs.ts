@@ -22,19 +22,18 @@ import {
   type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import { ResponseCollector } from '../core/response/index.js';
 import {
-  BODY_TOO_LARGE,
   capture,
   closeAfterDrain,
+  engineOptionsOf,
   keyHeaderOf,
   readBody,
   resetHeaders,
   send,
   sendAnswer,
   toDictionaryMode,
-} from './node-http.js';
+} from './kit/index.js';
 
 /**
  * The request as Nest hands it to `scope`: Express's `Request` on @nestjs/platform-express,
@@ -100,7 +99,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
   constructor(options: NestIdempotencyOptions) {
     this.#options = options;
     this.#engine = createIdempotency<NestRequest, unknown>(
-      checkOptions('RetrysafeModule options', options, ENGINE_OPTION_NAMES),
+      engineOptionsOf('RetrysafeModule options', options),
     );
   }
 
@@ -173,7 +172,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
           ? this.#engine
           : createIdempotency<NestRequest, unknown>({
               ...this.#options,
-              ...checkOptions('@Idempotent() options', own, ENGINE_OPTION_NAMES),
+              ...engineOptionsOf('@Idempotent() options', own),
             });
     this.#routeEngines.set(handler, engine);
     return engine;
@@ -250,13 +249,9 @@ async function bodyOf(
     return req.rawBody ?? parsedBody(req.body);
   }
   // No parser took this content type: read it, and leave it in `req.body` as a Buffer.
-  try {
-    const body = await readBody(rawReq, engine.maxBodyBytes);
-    req.body = body;
-    return body;
-  } catch (error) {
-    throw error === BODY_TOO_LARGE ? engine.bodyTooLarge() : error;
-  }
+  const body = await readBody(rawReq, engine);
+  req.body = body;
+  return body;
 }
 
 /** Options of `RetrysafeModule.forRootAsync`: a factory of the options, with what it injects. */

@@ -3,20 +3,20 @@ import {
   createIdempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
+  isIdempotencyError,
   type RegisteredTx,
 } from '../core/index.js';
-import { checkOptions, ENGINE_OPTION_NAMES } from '../core/options/index.js';
 import {
-  BODY_TOO_LARGE,
   capture,
   closeAfterDrain,
+  engineOptionsOf,
   internalError,
   keyHeaderOf,
   readBody,
   resetHeaders,
   send,
   sendAnswer,
-} from './node-http.js';
+} from './kit/index.js';
 
 /** The request a wrapped handler sees: the body is already read, as bytes. */
 export type BodyRequest = IncomingMessage & { body: Buffer };
@@ -43,18 +43,16 @@ export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Incom
  * http.createServer(guard(async (req, res, idem) => { res.writeHead(201).end('made') })).listen(8080);
  */
 export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<Tx>) {
-  const engine = createIdempotency<IncomingMessage, Tx>(
-    checkOptions('node idempotency()', options, ENGINE_OPTION_NAMES),
-  );
+  const engine = createIdempotency<IncomingMessage, Tx>(engineOptionsOf('node idempotency()', options));
   return function wrap(handler: NodeHandler<Tx>) {
     return async function idempotentHandler(req: IncomingMessage, res: ServerResponse): Promise<void> {
       let body: Buffer;
       try {
-        body = await readBody(req, engine.maxBodyBytes);
+        body = await readBody(req, engine);
       } catch (error) {
-        if (error === BODY_TOO_LARGE) {
+        if (isIdempotencyError(error)) {
           closeAfterDrain(req, res);
-          return send(res, engine.render(engine.bodyTooLarge()));
+          return send(res, engine.render(error));
         }
         // The client went away mid-body: there is nobody to answer.
         res.destroy();

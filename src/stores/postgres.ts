@@ -83,6 +83,19 @@ export interface PostgresStoreOptions {
    * @default false
    */
   migrate?: boolean;
+  /**
+   * What `connectionString` (or `pool`) connects to. `'session'`: each connection is a PostgreSQL
+   * session of its own (a direct connection, or a pooler in session mode). `'transaction'`: a
+   * pooler in transaction mode (PgBouncer's `pool_mode = transaction`), where consecutive
+   * transactions of one connection may run on different server sessions. The store then sends no
+   * startup parameters (PgBouncer refuses them: set `statement_timeout` and
+   * `client_connection_check_interval` on the database role instead), prepares no statement
+   * (neither `pg`'s named ones nor SQL `PREPARE`), keeps every setting it makes `SET LOCAL` to one
+   * transaction, and waits by polling, since `LISTEN` holds no session there to be notified on.
+   * @default 'session'
+   * @example pooling: 'transaction'
+   */
+  pooling?: 'session' | 'transaction';
 }
 
 /** The PostgreSQL store: lease mode through the `IdempotencyStore` methods, atomic mode through `atomic`. */
@@ -125,6 +138,13 @@ interface Statement {
   text: string;
 }
 
+/** A statement run inside a multi-statement simple query: the SQL types of its `$n`, in order. */
+interface TypedStatement extends Statement {
+  types: readonly string[];
+}
+
+type SqlValue = string | number | Buffer;
+
 function identifier(name: string, value: string): string {
   if (!IDENTIFIER.test(value)) {
     throw new ConfigError(
@@ -138,11 +158,21 @@ function toBuffer(body: Uint8Array): Buffer {
   return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
-/** Values as SQL literals, for `EXECUTE` in a multi-statement simple query (which takes no parameters). */
-function literals(values: readonly (string | number | Buffer)[]): string {
-  return values
-    .map((value) => pg.escapeLiteral(Buffer.isBuffer(value) ? `\\x${value.toString('hex')}` : String(value)))
-    .join(', ');
+function literal(value: SqlValue): string {
+  return pg.escapeLiteral(Buffer.isBuffer(value) ? `\\x${value.toString('hex')}` : String(value));
+}
+
+/**
+ * `statement` with `values`, as one statement of a multi-statement simple query (which takes no
+ * parameters): `EXECUTE` of the prepared statement, or, where nothing may be prepared (a
+ * transaction pooler), its text with each `$n` replaced by a literal of its type.
+ */
+function withValues(statement: TypedStatement, values: readonly SqlValue[], prepared: boolean): string {
+  if (prepared) return `EXECUTE ${statement.name}(${values.map(literal).join(', ')})`;
+  return statement.text.replace(/\$(\d+)/g, (_, n: string) => {
+    const index = Number(n) - 1;
+    return `${literal(values[index]!)}::${statement.types[index]}`;
+  });
 }
 
 /**
@@ -225,6 +255,7 @@ const OPTION_NAMES = optionNames<PostgresStoreOptions>({
   statementTimeoutMs: true,
   connectionCheckIntervalMs: true,
   migrate: true,
+  pooling: true,
 });
 
 /**
@@ -269,6 +300,18 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     options.statementTimeoutMs ?? 15_000,
   );
 
+  const pooling = options.pooling ?? 'session';
+  if (pooling !== 'session' && pooling !== 'transaction') {
+    throw new ConfigError(
+      `postgresStore: option \`pooling\` must be 'session' or 'transaction'; got ${JSON.stringify(options.pooling)}`,
+    );
+  }
+  const transactionPooling = pooling === 'transaction';
+  if (transactionPooling && options.connectionCheckIntervalMs !== undefined) {
+    throw new ConfigError(
+      "postgresStore: option `connectionCheckIntervalMs` cannot reach PostgreSQL through a transaction pooler (`pooling: 'transaction'`); set it on the role: ALTER ROLE app SET client_connection_check_interval = 1000",
+    );
+  }
   const connectionCheckIntervalMs = options.connectionCheckIntervalMs ?? 1000;
   if (!Number.isSafeInteger(connectionCheckIntervalMs) || connectionCheckIntervalMs < 0) {
     throw new ConfigError(
@@ -283,11 +326,16 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       connectionString: options.connectionString,
       max: maxConnections,
       connectionTimeoutMillis: connectTimeoutMs,
-      statement_timeout: timerMs(statementTimeoutMs),
       query_timeout: timerMs(statementTimeoutMs + 1000),
       keepAlive: true,
       application_name: 'retrysafe',
-      options: `-c client_connection_check_interval=${connectionCheckIntervalMs}`,
+      // Startup parameters, which PgBouncer refuses.
+      ...(transactionPooling
+        ? {}
+        : {
+            statement_timeout: timerMs(statementTimeoutMs),
+            options: `-c client_connection_check_interval=${connectionCheckIntervalMs}`,
+          }),
     });
   // A connection dropped while idle (database restart) surfaces here; the next query reconnects.
   if (ownsPool) pool.on('error', () => {});
@@ -350,9 +398,10 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       SELECT pg_notify($7, $8) FROM done`,
   };
   // Names of their own: SQL PREPARE shares the namespace of the protocol-level statements `pg` prepares.
+  const CLAIM_TYPES = ['text', 'text', 'text', 'text', 'bigint', 'bigint'];
   const ATOMIC = {
-    claim: { name: `retrysafe_atomic_claim_${tag}`, text: CLAIM.text },
-    takeOver: { name: `retrysafe_atomic_take_over_${tag}`, text: TAKE_OVER.text },
+    claim: { name: `retrysafe_atomic_claim_${tag}`, text: CLAIM.text, types: CLAIM_TYPES },
+    takeOver: { name: `retrysafe_atomic_take_over_${tag}`, text: TAKE_OVER.text, types: CLAIM_TYPES },
     // COMPLETE, sent with the COMMIT in one round trip. It divides by the number of rows it
     // completed, so a claim lost meanwhile (the work outlived the record) raises division_by_zero:
     // the transaction is aborted, and the COMMIT after it never runs. No NOTIFY: no other
@@ -366,8 +415,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
           WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
           RETURNING 1)
         SELECT 1 / count(*)::int FROM done`,
+      types: ['text', 'text', 'text', 'integer', 'json', 'bytea'],
     },
-  };
+  } satisfies Record<string, TypedStatement>;
   const ATOMIC_STATEMENTS = Object.values(ATOMIC);
   const RELEASE = {
     name: `retrysafe_release_${tag}`,
@@ -402,6 +452,11 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         WHERE expires_at_ms <= n.ms AND NOT (completed_at_ms IS NULL AND lease_until_ms > n.ms)
         LIMIT $1 FOR UPDATE SKIP LOCKED))`,
   };
+
+  /** Runs one of the statements above on the pool, prepared by `pg` unless a transaction pooler is between. */
+  function run<R extends pg.QueryResultRow>(statement: Statement, values: unknown[]) {
+    return pool.query<R>(transactionPooling ? { text: statement.text, values } : { ...statement, values });
+  }
 
   type ClaimValues = [string, string, string, string, number, number];
   /** Runs the claim (`take: false`) or the takeover statement. */
@@ -454,7 +509,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   let closed = false;
 
   function listen(): void {
-    if (listener || closed) return;
+    if (listener || closed || transactionPooling) return;
     const client = new pg.Client({ ...pool.options, connectionTimeoutMillis: connectTimeoutMs });
     let dropped = false;
     const drop = () => {
@@ -498,7 +553,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   }
 
   async function migrate(): Promise<void> {
-    const client = await pool.connect();
+    const client = await pool.connect().catch((error: unknown) => {
+      throw pgbouncerRefusal(error);
+    });
     try {
       await migrateOn(client);
     } finally {
@@ -519,7 +576,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       return await statement();
     } catch (error) {
       const code = (error as { code?: string }).code;
-      if (code !== UNDEFINED_TABLE && code !== INVALID_SCHEMA_NAME) throw error;
+      if (code !== UNDEFINED_TABLE && code !== INVALID_SCHEMA_NAME) throw pgbouncerRefusal(error);
       if (!options.migrate) {
         throw new ConfigError(
           `postgresStore: the table ${qualified} does not exist. Create it with \`retrysafe migrate --database-url <url> --schema ${schema} --table ${table}\` (or store.migrate(), or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
@@ -541,39 +598,30 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     migrate,
 
     claim(input) {
-      return own(() =>
-        claimWith((take, values) => pool.query<RecordRow>({ ...(take ? TAKE_OVER : CLAIM), values }), input),
-      );
+      return own(() => claimWith((take, values) => run<RecordRow>(take ? TAKE_OVER : CLAIM, values), input));
     },
 
     async complete(scope, key, token, response) {
       const { rowCount } = await own(() =>
-        pool.query({
-          ...COMPLETE,
-          values: [...completeValues(scope, key, token, response), channel, notifyId(scope, key)],
-        }),
+        run(COMPLETE, [...completeValues(scope, key, token, response), channel, notifyId(scope, key)]),
       );
       return rowCount === 1;
     },
 
     async release(scope, key, token) {
-      const { rowCount } = await own(() =>
-        pool.query({ ...RELEASE, values: [scope, key, token, channel, notifyId(scope, key)] }),
-      );
+      const { rowCount } = await own(() => run(RELEASE, [scope, key, token, channel, notifyId(scope, key)]));
       return rowCount === 1;
     },
 
     async renew(scope, key, token, leaseMs) {
-      const { rowCount } = await own(() => pool.query({ ...RENEW, values: [scope, key, token, leaseMs] }));
+      const { rowCount } = await own(() => run(RENEW, [scope, key, token, leaseMs]));
       return rowCount === 1;
     },
 
     async wait(scope, key, timeoutMs) {
       listen();
       await pollUntilSettled(waiters, notifyId(scope, key), timeoutMs, async () => {
-        const { rows } = await own(() =>
-          pool.query<{ lease_left_ms: string }>({ ...LEASE_LEFT, values: [scope, key] }),
-        );
+        const { rows } = await own(() => run<{ lease_left_ms: string }>(LEASE_LEFT, [scope, key]));
         return rows[0] ? Number(rows[0].lease_left_ms) : null;
       });
     },
@@ -582,10 +630,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       requirePositiveInteger('postgresStore.purgeExpired', 'batchSize', batchSize);
       // Back to back, batches took a backend's whole core from the requests (p99 ×2.6 during a
       // 1 M purge on 2 cores); the rests leave them half.
-      return purgeInBatches(
-        batchSize,
-        async () => (await own(() => pool.query({ ...PURGE, values: [batchSize] }))).rowCount ?? 0,
-      );
+      return purgeInBatches(batchSize, async () => (await own(() => run(PURGE, [batchSize]))).rowCount ?? 0);
     },
 
     async list(options = {}) {
@@ -616,9 +661,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     },
 
     async delete(scope, key) {
-      const { rowCount } = await own(() =>
-        pool.query({ ...DELETE, values: [scope, key, channel, notifyId(scope, key)] }),
-      );
+      const { rowCount } = await own(() => run(DELETE, [scope, key, channel, notifyId(scope, key)]));
       return rowCount === 1;
     },
 
@@ -675,7 +718,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     // the client in the tick it hands the client out, before an awaiting caller resumes.
     const client = await new Promise<pg.PoolClient>((resolve, reject) => {
       pool.connect((error, connected) => {
-        if (error || !connected) return reject(error);
+        if (error || !connected) return reject(pgbouncerRefusal(error));
         connected.on('error', onError);
         resolve(connected);
       });
@@ -684,7 +727,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
       const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
       const claimMs = timerMs(waitMs + timeoutMs);
-      await own(() => prepare(client, ATOMIC_STATEMENTS, timeoutMs), client);
+      if (!transactionPooling) await own(() => prepare(client, ATOMIC_STATEMENTS, timeoutMs), client);
       // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
       // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
       // in_progress. Anything else it waits on (the key table locked, a stuck server) is
@@ -697,7 +740,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       const query: ClaimQuery = async (take, values) => {
         const text = `${begin}SET LOCAL lock_timeout = ${waitMs};
             SET LOCAL statement_timeout = ${claimMs};
-            EXECUTE ${(take ? ATOMIC.takeOver : ATOMIC.claim).name}(${literals(values)});
+            ${withValues(take ? ATOMIC.takeOver : ATOMIC.claim, values, !transactionPooling)};
             SET LOCAL lock_timeout TO DEFAULT; SET LOCAL statement_timeout TO DEFAULT`;
         begin = '';
         try {
@@ -739,7 +782,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       }
       const values = completeValues(input.scope, input.key, claimed.token, result.response);
       try {
-        await client.query(`EXECUTE ${ATOMIC.complete.name}(${literals(values)}); COMMIT`);
+        await client.query(`${withValues(ATOMIC.complete, values, !transactionPooling)}; COMMIT`);
       } catch (error) {
         if ((error as { code?: string }).code !== DIVISION_BY_ZERO) throw error;
         throw new RetrysafeError('postgresStore: the atomic claim was lost before commit', { cause: error });
@@ -757,6 +800,19 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       client.release(broken);
     }
   }
+}
+
+/**
+ * PgBouncer refuses a connection whose startup packet sets what it does not know (our pool sets
+ * `statement_timeout` and `options`): said as a ConfigError naming the option that avoids it.
+ */
+function pgbouncerRefusal(error: unknown): unknown {
+  const message = (error as Error | undefined)?.message ?? '';
+  if (!message.startsWith('unsupported startup parameter')) return error;
+  return new ConfigError(
+    `postgresStore: the server refused the connection's startup parameters (${message}), as PgBouncer does: behind PgBouncer pass \`pooling: 'transaction'\` (or 'session' with ignore_startup_parameters in its config), and set no \`options\` or \`statement_timeout\` on a pool of your own`,
+    { cause: error },
+  );
 }
 
 interface Settled {

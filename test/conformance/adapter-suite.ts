@@ -14,9 +14,10 @@ import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { postgresStore } from '../../src/stores/postgres.js';
+import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres.js';
 import { redisStore } from '../../src/stores/redis.js';
 import { sqliteStore } from '../../src/stores/sqlite.js';
+import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from '../support/services.js';
 
 /**
@@ -459,17 +460,35 @@ export const sqlite: StoreFactory = {
   },
 };
 
+/** A PostgreSQL store in a schema of its own at `url`, dropped by its cleanup. */
+async function openPostgres(url: string, options: Partial<PostgresStoreOptions> = {}) {
+  const schema = uniqueName('rs_adapter');
+  const store = postgresStore({ connectionString: url, schema, ...options });
+  await store.migrate();
+  return { store, cleanup: () => dropSchemas(schema) };
+}
+
 export const postgres: StoreFactory = {
   name: 'postgres',
   atomic: true,
   available: hasPostgres,
+  open: () => openPostgres(PG_URL),
+};
+
+/** The PostgreSQL store through a pgbouncer of its own in transaction pooling mode. */
+export const postgresBehindPgBouncer: StoreFactory = {
+  name: 'postgres behind PgBouncer',
+  atomic: true,
+  available: hasPostgres && hasPgBouncer,
   async open() {
-    const schema = uniqueName('rs_adapter');
-    const store = postgresStore({ connectionString: PG_URL, schema });
-    await store.migrate();
+    const bouncer = await startPgBouncer({ poolSize: 3 });
+    const { store, cleanup } = await openPostgres(bouncer.url, { pooling: 'transaction' });
     return {
       store,
-      cleanup: () => dropSchemas(schema),
+      async cleanup() {
+        await cleanup();
+        await bouncer.stop();
+      },
     };
   },
 };

@@ -1,4 +1,4 @@
-import type { CapturedResponse, ResponseCollector, StoredResponse } from '../core/index.js';
+import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/index.js';
 
 // Response capture and replay shared by the adapters that see Web-standard Request/Response
 // objects (Hono, retrysafe/fetch).
@@ -25,7 +25,7 @@ export function toResponse(stored: StoredResponse): Response {
  * its place (its body was consumed): the whole body when it was kept; past `maxResponseBytes`,
  * what was read followed by the rest of the stream (lease mode), or nothing (atomic mode).
  */
-export async function capture(
+export async function captureWebResponse(
   collector: ResponseCollector,
   res: Response,
 ): Promise<{ response: CapturedResponse; send: Response }> {

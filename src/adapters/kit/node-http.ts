@@ -6,12 +6,10 @@ import type {
   Outcome,
   ResponseCollector,
   StoredResponse,
-} from '../core/index.js';
-import { withHeader } from '../core/response/index.js';
+} from '../../core/index.js';
+import { withHeader } from '../../core/response/index.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
-
-export const BODY_TOO_LARGE = Symbol('body too large');
 
 /**
  * Switches a request or response object to V8's dictionary mode. Express swaps the prototype of
@@ -30,9 +28,17 @@ export function toDictionaryMode(emitter: EventEmitter): void {
   object._maxListeners = maxListeners;
 }
 
-export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
+/**
+ * Reads a body no parser read. Past `maxBodyBytes` it rejects with the engine's 413 error (which
+ * `handle` answers) and stops reading; the rest is left for `closeAfterDrain`.
+ */
+export function readBody(
+  req: IncomingMessage,
+  engine: Pick<Idempotency, 'maxBodyBytes' | 'bodyTooLarge'>,
+): Promise<Buffer> {
+  const limit = engine.maxBodyBytes;
   const declared = Number(req.headers['content-length']);
-  if (declared > limit) return Promise.reject(BODY_TOO_LARGE);
+  if (declared > limit) return Promise.reject(engine.bodyTooLarge());
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
     let size = 0;
@@ -41,7 +47,7 @@ export function readBody(req: IncomingMessage, limit: number): Promise<Buffer> {
       if (size > limit) {
         req.removeAllListeners('data');
         req.resume();
-        reject(BODY_TOO_LARGE);
+        reject(engine.bodyTooLarge());
       } else chunks.push(chunk);
     });
     req.once('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));

@@ -1,5 +1,5 @@
 import { Readable } from 'node:stream';
-import { type ResponseCollector, RetrysafeError } from '../core/index.js';
+import { type ResponseCollector, RetrysafeError } from '../../core/index.js';
 
 // Response capture shared by the adapters that see the response as a payload before it is
 // written (fastify's onSend, koa's ctx.body), rather than as node:http writes.

@@ -1,0 +1,172 @@
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { AtomicWorkResult, ClaimInput, StoredResponse } from '../src/core/index.js';
+import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
+import { describeStoreConformance } from './conformance/store-suite.js';
+import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
+import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
+
+/**
+ * The PostgreSQL store through Debian's PgBouncer in transaction pooling mode, started by the
+ * tests on a loopback port: consecutive transactions of one client connection run on whichever
+ * server session is free, so nothing of a session (prepared statements, SET, LISTEN) carries over.
+ */
+const available = hasPostgres && hasPgBouncer;
+
+const response = (text: string): StoredResponse => ({
+  status: 201,
+  headers: { 'content-type': 'text/plain' },
+  body: new TextEncoder().encode(text),
+});
+
+const input = (key: string, fingerprint = 'f1'): ClaimInput => ({
+  scope: 's',
+  key,
+  fingerprint,
+  leaseMs: 10_000,
+  ttlMs: 60_000,
+});
+
+describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', () => {
+  // Fewer server sessions than the store has connections: every one is shared by several.
+  describeStoreConformance('postgres behind PgBouncer (lease and atomic mode)', async () => {
+    const bouncer = await startPgBouncer({ poolSize: 3 });
+    const schema = uniqueName('rs_pgb_conf');
+    const admin = new pg.Pool({ connectionString: PG_URL, max: 2 });
+    const store = postgresStore({ connectionString: bouncer.url, schema, pooling: 'transaction' });
+    await store.migrate();
+    await admin.query(`CREATE TABLE "${schema}".probe (id serial PRIMARY KEY)`);
+    return {
+      store,
+      atomicProbe: {
+        async write(tx: pg.PoolClient) {
+          await tx.query(`INSERT INTO "${schema}".probe DEFAULT VALUES`);
+        },
+        async count() {
+          return Number((await admin.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
+        },
+      },
+      async cleanup() {
+        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await admin.end();
+        await bouncer.stop();
+      },
+    };
+  });
+
+  describe('specifics', () => {
+    let bouncer: PgBouncer;
+    const schema = uniqueName('rs_pgb');
+    const stores: PostgresStore[] = [];
+    const open = (options: { maxConnections?: number } = {}) => {
+      const store = postgresStore({
+        connectionString: bouncer.url,
+        schema,
+        pooling: 'transaction',
+        ...options,
+      });
+      stores.push(store);
+      return store;
+    };
+
+    beforeAll(async () => {
+      // One server session: every transaction of every client runs on it, so whatever a
+      // transaction leaves on its session, the next one (anyone's) finds.
+      bouncer = await startPgBouncer({ poolSize: 1 });
+      await open().migrate();
+    });
+
+    afterAll(async () => {
+      for (const store of stores) await store.close();
+      await dropSchemas(schema);
+      await bouncer?.stop();
+    });
+
+    it('without `pooling: transaction`, the refused startup parameters are a ConfigError naming the option', async () => {
+      const direct = postgresStore({ connectionString: bouncer.url, schema });
+      try {
+        await expect(direct.claim(input('refused'))).rejects.toMatchObject({
+          name: 'ConfigError',
+          message: expect.stringContaining("pooling: 'transaction'"),
+        });
+        await expect(
+          direct.atomic(input('refused'), async () => ({ response: response('x'), commit: true })),
+        ).rejects.toMatchObject({ name: 'ConfigError' });
+        await expect(direct.migrate()).rejects.toMatchObject({ name: 'ConfigError' });
+      } finally {
+        await direct.close();
+      }
+    });
+
+    it('`connectionCheckIntervalMs` with transaction pooling is refused, naming the role setting', () => {
+      expect(() =>
+        postgresStore({
+          connectionString: bouncer.url,
+          pooling: 'transaction',
+          connectionCheckIntervalMs: 1000,
+        }),
+      ).toThrow(/ALTER ROLE/);
+      expect(() => postgresStore({ connectionString: bouncer.url, pooling: 'statement' as never })).toThrow(
+        /`pooling`/,
+      );
+    });
+
+    it('leaves the shared server session as it found it: no prepared statement, no setting, no LISTEN', async () => {
+      const store = open({ maxConnections: 4 });
+      const lease = await store.claim(input('lease'));
+      if (lease.outcome !== 'acquired') throw new Error(lease.outcome);
+      const waiting = store.wait('s', 'lease', 10_000);
+      await store.complete('s', 'lease', lease.token, response('lease'));
+      await waiting;
+      expect((await store.claim(input('lease'))).outcome).toBe('replay');
+      const work = async (): Promise<AtomicWorkResult> => ({ response: response('atomic'), commit: true });
+      expect((await store.atomic(input('atomic'), work)).outcome).toBe('executed');
+      expect((await store.atomic(input('atomic'), work)).outcome).toBe('replay');
+      await store.purgeExpired();
+      await store.list();
+
+      const client = new pg.Client({ connectionString: bouncer.url });
+      await client.connect();
+      try {
+        const { rows } = await client.query(`SELECT
+            (SELECT count(*)::int FROM pg_prepared_statements) AS prepared,
+            (SELECT count(*)::int FROM pg_listening_channels()) AS listening,
+            current_setting('statement_timeout') AS statement_timeout,
+            current_setting('lock_timeout') AS lock_timeout`);
+        expect(rows[0]).toEqual({ prepared: 0, listening: 0, statement_timeout: '0', lock_timeout: '0' });
+      } finally {
+        await client.end();
+      }
+    });
+
+    // Four stores, as four app servers would be, each with a handful of connections: the
+    // duplicates meet in PostgreSQL through the pooler, not in one store's memory.
+    it('200 concurrent duplicates, atomic mode: one execution, 199 replays of it', async () => {
+      const servers = Array.from({ length: 4 }, () => open({ maxConnections: 3 }));
+      let runs = 0;
+      const work = async (tx: pg.PoolClient): Promise<AtomicWorkResult> => {
+        runs++;
+        await tx.query('SELECT pg_sleep(0.2)');
+        return { response: response('the one'), commit: true };
+      };
+      const duplicate = { ...input('hot-atomic'), waitMs: 20_000 };
+      const results = await Promise.all(
+        Array.from({ length: 200 }, (_, i) => servers[i % 4]!.atomic(duplicate, work)),
+      );
+      const outcomes = results.map((r) => r.outcome);
+      expect(outcomes.filter((o) => o === 'executed')).toHaveLength(1);
+      expect(outcomes.filter((o) => o === 'replay')).toHaveLength(199);
+      expect(runs).toBe(1);
+    });
+
+    it('200 concurrent duplicate claims, lease mode: one acquired', async () => {
+      const servers = Array.from({ length: 4 }, () => open({ maxConnections: 3 }));
+      const results = await Promise.all(
+        Array.from({ length: 200 }, (_, i) => servers[i % 4]!.claim(input('hot-lease'))),
+      );
+      const outcomes = results.map((r) => r.outcome);
+      expect(outcomes.filter((o) => o === 'acquired')).toHaveLength(1);
+      expect(outcomes.filter((o) => o === 'in_progress')).toHaveLength(199);
+    });
+  });
+});
