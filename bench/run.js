@@ -19,6 +19,7 @@ const SCENARIOS = [
   'memory',
   'fines',
   'sqlite-drivers',
+  'jobs',
   'instructions',
 ];
 

@@ -16,6 +16,7 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyStore } from '../src/core/contract/index.js';
+import { idempotent } from '../src/core/index.js';
 import { mysqlStore } from '../src/stores/mysql.js';
 import { postgresStore } from '../src/stores/postgres.js';
 import { redisStore } from '../src/stores/redis.js';
@@ -524,6 +525,48 @@ describe('retrysafe keys', () => {
         store: sqliteStore({ filename: file }),
         cleanup: async () => rmSync(dir, { recursive: true, force: true }),
       };
+    });
+
+    it("lists, shows and deletes idempotent()'s records as it does HTTP ones", async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'retrysafe-cli-jobs-'));
+      const file = join(dir, 'jobs.db');
+      const store = sqliteStore({ filename: file });
+      try {
+        let runs = 0;
+        const run = idempotent({ store, scope: 'receipts', key: (job: { id: string }) => job.id });
+        const send = () => run({ id: 'loan-7' }, () => ({ receipt: ++runs }));
+        await send();
+        const list = await cli('keys', 'list', '--database-url', file, '--scope', 'receipts');
+        expect(list.stdout.trim().split('\n')[1]?.split(/\s+/).slice(0, 4)).toEqual([
+          'receipts',
+          'loan-7',
+          'completed',
+          '200',
+        ]);
+        const show = await cli(
+          'keys',
+          'show',
+          'loan-7',
+          '--scope',
+          'receipts',
+          '--database-url',
+          file,
+          '--json',
+        );
+        expect(JSON.parse(show.stdout)).toMatchObject({
+          scope: 'receipts',
+          key: 'loan-7',
+          state: 'completed',
+        });
+        expect(await send()).toEqual({ receipt: 1 });
+        const deleted = await cli('keys', 'delete', 'loan-7', '--scope', 'receipts', '--database-url', file);
+        expect(deleted.code).toBe(0);
+        // Deleted, the key names a new operation: the next delivery runs the work again.
+        expect(await send()).toEqual({ receipt: 2 });
+      } finally {
+        await store.close();
+        rmSync(dir, { recursive: true, force: true });
+      }
     });
   });
 

@@ -15,7 +15,7 @@ import {
 } from '@opentelemetry/sdk-trace-base';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent, IdempotencyEventListener } from '../src/core/contract/index.js';
-import { createIdempotency } from '../src/core/index.js';
+import { createIdempotency, idempotent } from '../src/core/index.js';
 import { idempotencyTelemetry } from '../src/otel/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 
@@ -192,6 +192,29 @@ describe('retrysafe/otel', () => {
       ['executed', 1],
       ['replayed', 1],
     ]);
+  });
+
+  it("through idempotent(): each delivery marks its consumer's span, the counter sees both outcomes", async () => {
+    const run = idempotent({ store: memoryStore(), key: (job: { id: string }) => job.id, onEvent: listener });
+    for (const name of ['delivery', 'redelivery']) {
+      await sdk.tracer.startActiveSpan(name, async (span: Span) => {
+        await run({ id: 'job-7' }, () => ({ sent: true }));
+        span.end();
+      });
+    }
+    expect(sdk.spans.getFinishedSpans().map((s) => [s.name, s.attributes])).toEqual([
+      ['delivery', { 'idempotency.outcome': 'executed', 'idempotency.key': 'job-7' }],
+      ['redelivery', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'job-7' }],
+    ]);
+    const counted = (await sdk.points('idempotency.outcomes')).map((p) => [
+      p.attributes['idempotency.outcome'],
+      p.value,
+    ]);
+    expect(counted).toEqual([
+      ['executed', 1],
+      ['replayed', 1],
+    ]);
+    expect((await sdk.points<Histogram>('idempotency.handler.duration'))[0]?.value.count).toBe(1);
   });
 
   it('does nothing to spans when none is active', () => {

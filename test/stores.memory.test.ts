@@ -3,9 +3,11 @@ import { describe, expect, it } from 'vitest';
 import type { ClaimInput } from '../src/core/contract/index.js';
 import { Waiters } from '../src/stores/internal.js';
 import { MemoryStoreFullError, memoryStore } from '../src/stores/memory.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 
 describeStoreConformance('memory', async () => ({ store: memoryStore() }));
+describeIdempotentConformance('memory', async () => ({ store: memoryStore() }));
 
 const LONG = { leaseMs: 30_000, ttlMs: 60_000 };
 

@@ -4,12 +4,14 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { signal } from './support/signal.js';
 
 describe.skipIf(!hasPostgres)('postgres', () => {
-  describeStoreConformance('postgres (lease and atomic mode)', async () => {
+  /** A store in a schema of its own, with a table for the atomic-mode tests to write to. */
+  const postgresWithProbe = async () => {
     const schema = uniqueName('rs_pg_conf');
     const admin = new pg.Pool({ connectionString: PG_URL, max: 2 });
     const store = postgresStore({ connectionString: PG_URL, schema });
@@ -30,7 +32,9 @@ describe.skipIf(!hasPostgres)('postgres', () => {
         await admin.end();
       },
     };
-  });
+  };
+  describeStoreConformance('postgres (lease and atomic mode)', postgresWithProbe);
+  describeIdempotentConformance('postgres', postgresWithProbe);
 });
 
 const response = (text: string, status = 201): StoredResponse => ({

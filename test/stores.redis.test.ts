@@ -4,6 +4,7 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, IdempotencyStore, StoredResponse } from '../src/core/contract/index.js';
 import { redisStore } from '../src/stores/redis.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { freePort } from './support/free-port.js';
 import { hasRedis, REDIS_URL, uniqueName } from './support/services.js';
@@ -23,7 +24,8 @@ const claimInput = (key: string): ClaimInput => ({
 });
 
 describe.skipIf(!hasRedis)('redis', () => {
-  describeStoreConformance('redis', async () => {
+  /** A store under a key prefix of its own, deleted afterwards. */
+  const redisUnderPrefix = async () => {
     const prefix = `${uniqueName('rs_redis')}:`;
     const admin = new Redis(REDIS_URL);
     return {
@@ -35,7 +37,9 @@ describe.skipIf(!hasRedis)('redis', () => {
         await admin.quit();
       },
     };
-  });
+  };
+  describeStoreConformance('redis', redisUnderPrefix);
+  describeIdempotentConformance('redis', redisUnderPrefix);
 
   it('rejects bad options naming the option', () => {
     expect(() => redisStore({} as never)).toThrow(/`client`, `url` or `clusterNodes`/);

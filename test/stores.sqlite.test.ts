@@ -21,6 +21,7 @@ import {
   nodeSqliteAvailable,
   openDatabase,
 } from '../src/stores/sqlite-driver.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 
@@ -44,7 +45,8 @@ else {
 }
 
 for (const driver of DRIVERS) {
-  describeStoreConformance(`sqlite ${driver} (file, atomic probe)`, async () => {
+  /** A store on a file of its own, with a table for the atomic-mode tests to write to. */
+  const withProbe = async () => {
     const store = sqliteStore({ filename: tempFile(), driver });
     store.database.exec('CREATE TABLE probe (id INTEGER PRIMARY KEY)');
     return {
@@ -55,7 +57,9 @@ for (const driver of DRIVERS) {
           (store.database.prepare('SELECT count(*) AS n FROM probe').get() as { n: number }).n,
       },
     };
-  });
+  };
+  describeStoreConformance(`sqlite ${driver} (file, atomic probe)`, withProbe);
+  describeIdempotentConformance(`sqlite ${driver}`, withProbe);
 
   describeStoreConformance(`sqlite ${driver} (caller-owned connection, custom table)`, async () => {
     const database = openDatabase(tempFile(), driver, 5000);

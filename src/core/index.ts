@@ -56,6 +56,7 @@ export {
   type StartCompleterOptions,
   startCompleter,
 } from './engine/index.js';
+export { type IdempotentOptions, type IdempotentRun, idempotent } from './jobs/index.js';
 export {
   DEFAULT_REPLAY_HEADERS,
   type Duration,

@@ -22,7 +22,7 @@ function reachable(port: number, host = '127.0.0.1', timeoutMs = 1000): Promise<
   });
 }
 
-async function requireService(name: string, port: number): Promise<boolean> {
+export async function requireService(name: string, port: number): Promise<boolean> {
   if (await reachable(port)) return true;
   const message = `${name} on 127.0.0.1:${port} is unreachable`;
   if (process.env.CI === 'true') throw new Error(`${message}; CI=true makes these tests mandatory`);

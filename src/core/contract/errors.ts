@@ -8,6 +8,10 @@ export const ErrorCode = {
   bodyTooLarge: 'body_too_large',
   responseTooLarge: 'response_too_large',
   replayUnreadable: 'replay_unreadable',
+  /** `idempotent`: the input (or its `fingerprint` part) is not JSON; work did not run. */
+  inputNotJson: 'input_not_json',
+  /** `idempotent`: work's result is not JSON or outgrew `maxResultBytes`; nothing was saved. */
+  resultNotStorable: 'result_not_storable',
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 

@@ -232,7 +232,7 @@ const LONE_SURROGATE = /\p{Cs}/u;
  * `Object.keys` sorted, every key and primitive by JSON.stringify) without its per-value checks
  * and closures; `undefined` for anything else, which then takes the general path.
  */
-function plainCanonical(value: unknown, depth: number): string | undefined {
+export function plainCanonical(value: unknown, depth = 1): string | undefined {
   if (typeof value !== 'object' || value === null) {
     if (
       typeof value === 'string'

@@ -1,0 +1,2 @@
+export * from './idempotent.js';
+export * from './json-value.js';
