@@ -229,7 +229,7 @@ describe('retrysafe CLI', () => {
         'SELECT indexname FROM pg_indexes WHERE schemaname = $1 ORDER BY 1',
         [schema],
       );
-      expect(indexes.map((r) => r.indexname)).toEqual(['keys_expires_at_ms', 'keys_pkey']);
+      expect(indexes.map((r) => r.indexname)).toEqual(['keys_abandoned', 'keys_expires_at_ms', 'keys_pkey']);
     });
 
     it('keys and purge refuse a schema or table that does not exist, and create none', async () => {
