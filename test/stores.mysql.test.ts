@@ -81,7 +81,11 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
         "SELECT DISTINCT index_name FROM information_schema.statistics WHERE table_schema = ? AND table_name = 'other_keys' ORDER BY 1",
         [database.name],
       );
-      expect(rows.map((r) => r.index_name ?? r.INDEX_NAME)).toEqual(['other_keys_expires_at_ms', 'PRIMARY']);
+      expect(rows.map((r) => r.index_name ?? r.INDEX_NAME)).toEqual([
+        'other_keys_abandoned',
+        'other_keys_expires_at_ms',
+        'PRIMARY',
+      ]);
     } finally {
       await other.close();
     }
@@ -318,6 +322,34 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     } finally {
       await auto.close();
       await pool.end();
+    }
+  });
+
+  it('migrate adds the step columns to a table made before steps, keeping its records', async () => {
+    const [create] = mysqlMigrationSql({ table: 'old_keys' });
+    // The table as the release before steps made it.
+    await store.pool.query(
+      create!
+        .replace(/\n {2}steps [^\n]*|\n {2}request [^\n]*/g, '')
+        .replace(/,\n {2}INDEX `old_keys_abandoned`[^\n]*/, ''),
+    );
+    const old = mysqlStore({ uri: database.url, table: 'old_keys' });
+    const auto = mysqlStore({ uri: database.url, table: 'old_keys', migrate: true });
+    try {
+      await store.pool.query(
+        "INSERT INTO old_keys (scope, `key`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms) VALUES ('s', 'kept', 'f1', 't', 0, 0, 9999999999999)",
+      );
+      await expect(old.claim(input('k'))).rejects.toThrow(/retrysafe migrate/);
+      const claimed = await auto.claim(input('k', 'f1', 100));
+      expect(claimed.outcome).toBe('acquired');
+      if (claimed.outcome !== 'acquired') return;
+      expect(await auto.saveStep('s', 'k', claimed.token, { name: 'one', value: '1' }, 'req')).toBe(true);
+      await old.migrate();
+      expect((await old.get('s', 'k'))?.steps).toEqual(['one']);
+      expect((await old.get('s', 'kept'))?.state).toBe('in_progress');
+    } finally {
+      await old.close();
+      await auto.close();
     }
   });
 

@@ -13,12 +13,17 @@ import {
   type ClaimInput,
   type ClaimResult,
   ConfigError,
+  type PhaseStore,
   RetrysafeError,
+  type SavedStep,
   type StoredResponse,
 } from '../core/index.js';
 import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import { atomicInFlight } from './in-flight.js';
 import {
+  type AbandonedRow,
+  abandonedLimit,
+  abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
   keysetPage,
   listRequest,
@@ -26,6 +31,7 @@ import {
   recordId,
   requirePositiveInteger,
   type SummaryRow,
+  stepsOf,
   summaryOf,
   Waiters,
 } from './internal.js';
@@ -71,8 +77,11 @@ export interface MysqlStoreOptions {
 }
 
 /** The MySQL/MariaDB store: lease mode through the `IdempotencyStore` methods, atomic mode through `atomic`. */
-export interface MysqlStore extends AtomicStore<PoolConnection> {
-  /** Creates the table and its index when missing (the statement of `mysqlMigrationSql`); safe to run again. */
+export interface MysqlStore extends AtomicStore<PoolConnection>, PhaseStore<PoolConnection> {
+  /**
+   * Creates the table and its indexes when missing, and adds the step columns to a table made by
+   * an older release (the statements of `mysqlMigrationSql`); safe to run again.
+   */
   migrate(): Promise<void>;
   /** The pool the store queries; handlers in atomic mode get a connection of it as `tx`. */
   readonly pool: Pool;
@@ -99,6 +108,8 @@ const QUERY_TIMEOUT = 'PROTOCOL_SEQUENCE_TIMEOUT';
 const ER_NO_SUCH_TABLE = 'ER_NO_SUCH_TABLE';
 const ER_LOCK_WAIT_TIMEOUT = 'ER_LOCK_WAIT_TIMEOUT';
 const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
+/** A table made before steps existed: `migrate` adds their columns. */
+const ER_BAD_FIELD_ERROR = 'ER_BAD_FIELD_ERROR';
 
 function identifier(name: string, value: string): string {
   if (!IDENTIFIER.test(value)) {
@@ -112,9 +123,12 @@ function toBuffer(body: Uint8Array): Buffer {
 }
 
 /**
- * The statement `migrate()` runs, for a migration tool of your own (`retrysafe migrate --print`).
- * Safe to run again. Scope and key are byte strings, compared and ordered byte for byte: the
- * server's default collations would make `Key` and `key ` (trailing space) one operation.
+ * The statements `migrate()` runs, in order, on one connection, for a migration tool of your own
+ * (`retrysafe migrate --print`). Each is safe to run again. Scope and key are byte strings,
+ * compared and ordered byte for byte: the server's default collations would make `Key` and `key `
+ * (trailing space) one operation. The last four add the step columns and their index to a table
+ * made by an older release (MySQL has no `ADD COLUMN IF NOT EXISTS`, so the `ALTER TABLE` is
+ * prepared only when `information_schema` lacks the `steps` column).
  * @example
  * ```ts
  * import { mysqlMigrationSql } from 'retrysafe/mysql';
@@ -136,9 +150,24 @@ export function mysqlMigrationSql(options: { table?: string } = {}): string[] {
   status int NULL,
   headers longtext NULL,
   body longblob NULL,
+  steps longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+  request longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
   PRIMARY KEY (scope, \`key\`),
-  INDEX \`${table}_expires_at_ms\` (expires_at_ms)
+  INDEX \`${table}_expires_at_ms\` (expires_at_ms),
+  INDEX \`${table}_abandoned\` (completed_at_ms, lease_until_ms)
 ) ENGINE=InnoDB`,
+    // Steps came in a later release: a table made before lacks their columns and index.
+    `SET @retrysafe_migrate = IF(
+  (SELECT COUNT(*) FROM information_schema.COLUMNS
+    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '${table}' AND COLUMN_NAME = 'steps') = 0,
+  'ALTER TABLE \`${table}\`
+    ADD COLUMN steps longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    ADD COLUMN request longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
+    ADD INDEX \`${table}_abandoned\` (completed_at_ms, lease_until_ms)',
+  'DO 0')`,
+    'PREPARE retrysafe_migrate FROM @retrysafe_migrate',
+    'EXECUTE retrysafe_migrate',
+    'DEALLOCATE PREPARE retrysafe_migrate',
   ];
 }
 
@@ -151,11 +180,18 @@ interface RecordRow extends RowDataPacket {
   status: number | null;
   headers: string | null;
   body: Buffer | null;
+  steps: string | null;
 }
 
-interface MysqlSummaryRow extends RowDataPacket, Omit<SummaryRow, 'scope' | 'key'> {
+interface MysqlAbandonedRow extends RowDataPacket, Omit<AbandonedRow, 'scope' | 'key'> {
   scope: Buffer;
   key: Buffer;
+}
+
+interface MysqlSummaryRow extends RowDataPacket, Omit<SummaryRow, 'scope' | 'key' | 'steps'> {
+  scope: Buffer;
+  key: Buffer;
+  steps: string | null;
 }
 
 const OPTION_NAMES = optionNames<MysqlStoreOptions>({
@@ -221,11 +257,16 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
   // of concurrent claims exactly one writes its token. MySQL assigns left to right, seeing the
   // columns already assigned, and MariaDB's SIMULTANEOUS_ASSIGNMENT sees the old ones: the test
   // `token = :token OR <condition>` is true after the takeover's first assignment under both.
+  // Steps and request come first, before any column they test is assigned: a takeover of a passed
+  // lease keeps them (the retry resumes the operation), one of a passed retention (a new
+  // operation) drops them.
   const TAKE = `(token = :token OR expires_at_ms <= ${NOW_MS}
     OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND fingerprint = :fingerprint))`;
   const CLAIM = `INSERT INTO ${t} (scope, \`key\`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
     VALUES (:scope, :key, :fingerprint, :token, ${NOW_MS} + :leaseMs, ${NOW_MS}, ${NOW_MS} + :retainMs)
     ON DUPLICATE KEY UPDATE
+      steps = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, NULL, steps), steps),
+      request = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, NULL, request), request),
       token = IF(${TAKE}, :token, token),
       fingerprint = IF(${TAKE}, :fingerprint, fingerprint),
       lease_until_ms = IF(${TAKE}, ${NOW_MS} + :leaseMs, lease_until_ms),
@@ -242,12 +283,27 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       lease_until_ms - ${NOW_MS} AS lease_left_ms,
       (expires_at_ms <= ${NOW_MS} OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS}
         AND fingerprint = :fingerprint)) AS claimable,
-      status, headers, body
+      status, headers, body, steps
     FROM ${t} WHERE scope = :scope AND \`key\` = :key`;
   const LIVE = `scope = :scope AND \`key\` = :key AND expires_at_ms > ${NOW_MS}`;
   const OWNED = `${LIVE} AND token = :token AND completed_at_ms IS NULL`;
-  const COMPLETE = `UPDATE ${t} SET completed_at_ms = ${NOW_MS}, status = :status, headers = :headers, body = :body
+  const COMPLETE = `UPDATE ${t} SET completed_at_ms = ${NOW_MS}, status = :status, headers = :headers, body = :body,
+      request = NULL
     WHERE ${OWNED}`;
+  // One write, fenced like COMPLETE: the step (JSON text made here) is appended to the record's
+  // steps, a JSON array kept as text in saving order, byte for byte as written.
+  const SAVE_STEP = `UPDATE ${t}
+    SET steps = IF(steps IS NULL, CONCAT('[', :step, ']'),
+        CONCAT(LEFT(steps, CHAR_LENGTH(steps) - 1), ',', :step, ']')),
+      request = COALESCE(:request, request)
+    WHERE ${OWNED}`;
+  // The phase's lock: a takeover's claim of this row waits until the phase commits or rolls back.
+  const LOCK_OWNED = `SELECT token FROM ${t} WHERE ${LIVE} AND completed_at_ms IS NULL FOR UPDATE`;
+  // The (completed_at_ms, lease_until_ms) index: the NULL completions, oldest lease first.
+  const ABANDONED = `SELECT scope, \`key\`, fingerprint, request, lease_until_ms FROM ${t}
+    WHERE completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND expires_at_ms > ${NOW_MS}
+      AND request IS NOT NULL
+    ORDER BY lease_until_ms LIMIT :limit`;
   const RELEASE = `DELETE FROM ${t} WHERE ${OWNED}`;
   const RENEW = `UPDATE ${t} SET lease_until_ms = ${NOW_MS} + :leaseMs,
       expires_at_ms = GREATEST(expires_at_ms, ${NOW_MS} + :leaseMs)
@@ -260,7 +316,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
   const PURGE = `DELETE FROM ${t}
     WHERE expires_at_ms <= ${NOW_MS} AND NOT (completed_at_ms IS NULL AND lease_until_ms > ${NOW_MS})
     ORDER BY expires_at_ms LIMIT :batchSize`;
-  const SUMMARY = `scope, \`key\`, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms`;
+  const SUMMARY = `scope, \`key\`, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms, steps`;
 
   async function run<T extends RowDataPacket[] | ResultSetHeader>(
     on: Queryable,
@@ -275,7 +331,17 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
   const waiters = new Waiters();
   let migrating: Promise<void> | undefined;
 
+  /** The statements share a session (a user variable, a prepared statement): one connection runs them all. */
   async function migrateOn(on: Queryable): Promise<void> {
+    if (on === pool) {
+      const connection = await pool.getConnection();
+      try {
+        await migrateOn(connection);
+      } finally {
+        connection.release();
+      }
+      return;
+    }
     for (const statement of mysqlMigrationSql({ table })) await on.query(statement);
   }
 
@@ -289,10 +355,11 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     try {
       return await statement();
     } catch (error) {
-      if ((error as { code?: string }).code !== ER_NO_SUCH_TABLE) throw error;
+      const code = (error as { code?: string }).code;
+      if (code !== ER_NO_SUCH_TABLE && code !== ER_BAD_FIELD_ERROR) throw error;
       if (!options.migrate) {
         throw new ConfigError(
-          `mysqlStore: the table ${t} does not exist. Create it with \`retrysafe migrate --database-url <mysql://…> --table ${table}\` (or store.migrate(), or your migration tool with the SQL of \`retrysafe migrate --print --database-url mysql://…\`), or pass \`migrate: true\``,
+          `mysqlStore: the table ${t} ${code === ER_NO_SUCH_TABLE ? 'does not exist' : 'lacks the step columns of this release'}. Create it with \`retrysafe migrate --database-url <mysql://…> --table ${table}\` (or store.migrate(), or your migration tool with the SQL of \`retrysafe migrate --print --database-url mysql://…\`), or pass \`migrate: true\``,
           { cause: error },
         );
       }
@@ -323,11 +390,15 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       leaseMs: input.leaseMs,
       retainMs: Math.max(input.leaseMs, input.ttlMs),
     };
-    const claimed = await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
-    if (claimed.affectedRows === 2) return { outcome: 'acquired', token };
+    await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
+    // Read back even after a takeover (2 rows affected): it answers the steps saved before it.
     const [row] = await run<RecordRow[]>(on, RECORD, values, timeoutMs);
     if (!row) return undefined;
-    if (row.token === token) return { outcome: 'acquired', token };
+    if (row.token === token) {
+      return row.steps === null
+        ? { outcome: 'acquired', token }
+        : { outcome: 'acquired', token, steps: stepsOf(row.steps) };
+    }
     if (row.claimable) return undefined;
     if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
     if (row.completed) {
@@ -456,6 +527,57 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     };
   }
 
+  function stepValues(scope: string, key: string, token: string, step: SavedStep, request?: string) {
+    return {
+      scope,
+      key,
+      token,
+      step: JSON.stringify({ name: step.name, value: step.value }),
+      request: request ?? null,
+    };
+  }
+
+  /**
+   * A phase on a connection of its own: the row lock (FOR UPDATE), the fence check, the work's
+   * queries and the saved step commit together. An owner that dies inside it leaves an open
+   * transaction the server rolls back when the connection goes; one whose key was taken over
+   * finds another token under the lock and runs nothing.
+   */
+  async function phase(
+    scope: string,
+    key: string,
+    token: string,
+    work: (tx: PoolConnection) => Promise<SavedStep>,
+    request?: string,
+  ): Promise<boolean> {
+    const connection = await pool.getConnection();
+    let broken = false;
+    try {
+      await connection.beginTransaction();
+      const [row] = await own(() => run<RowDataPacket[]>(connection, LOCK_OWNED, { scope, key }), connection);
+      if (row?.token !== token) {
+        await connection.rollback();
+        return false;
+      }
+      const step = await work(connection);
+      const saved = await run<ResultSetHeader>(
+        connection,
+        SAVE_STEP,
+        stepValues(scope, key, token, step, request),
+      );
+      await connection.commit();
+      return saved.affectedRows === 1;
+    } catch (error) {
+      await connection.rollback().catch(() => {
+        broken = true;
+      });
+      throw error;
+    } finally {
+      if (broken) connection.destroy();
+      else connection.release();
+    }
+  }
+
   const deduplicated = atomicInFlight(BLOCKED_RETRY_AFTER_MS);
 
   return {
@@ -476,6 +598,22 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
 
     async release(scope, key, token) {
       return changed(scope, key, await own(() => run<ResultSetHeader>(pool, RELEASE, { scope, key, token })));
+    },
+
+    async saveStep(scope, key, token, step, request) {
+      const values = stepValues(scope, key, token, step, request);
+      const result = await own(() => run<ResultSetHeader>(pool, SAVE_STEP, values));
+      return result.affectedRows === 1;
+    },
+
+    phase,
+
+    async abandoned(options = {}) {
+      const limit = abandonedLimit('mysqlStore.abandoned', options);
+      const rows = await own(() => run<MysqlAbandonedRow[]>(pool, ABANDONED, { limit }));
+      return rows.map((row) =>
+        abandonedOf({ ...row, scope: row.scope.toString('utf8'), key: row.key.toString('utf8') }),
+      );
     },
 
     async renew(scope, key, token, leaseMs) {
