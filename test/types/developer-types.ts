@@ -10,13 +10,15 @@ import { idempotency as honoIdempotency } from '../../src/adapters/hono.js';
 import { idempotency as nodeIdempotency } from '../../src/adapters/node.js';
 import { createIdempotency, type Duration } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { sqliteStore } from '../../src/stores/sqlite.js';
+import { type SqliteDatabase, sqliteStore } from '../../src/stores/sqlite.js';
 
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 function assertType<T extends true>(_: T): void {}
 
 const store = memoryStore();
-const sqlite = sqliteStore({ filename: ':memory:' });
+// Naming the driver types the transaction as that driver's connection; without one it is either.
+const sqlite = sqliteStore({ filename: ':memory:', driver: 'better-sqlite3' });
+assertType<Equal<ReturnType<typeof sqliteStore>['database'], SqliteDatabase>>(true);
 
 // Durations: a number of ms or a string `ms` understands; typos fail to compile.
 createIdempotency({ store, ttl: '7d', lease: '10 s', wait: 250, storeTimeout: '5s' });
