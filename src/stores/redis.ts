@@ -680,26 +680,33 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       const limit = abandonedLimit('redisStore.abandoned', options);
       await connected();
       const found: AbandonedRecord[] = [];
-      let cursor = '0';
-      do {
-        const [following, ids] = await client.scan(
-          cursor,
-          'MATCH',
-          `${globEscape(prefix)}*`,
-          'COUNT',
-          SCAN_COUNT,
-        );
-        cursor = following;
-        if (ids.length === 0) continue;
-        const nowMs = Date.now();
-        const rows = await commands.retrysafeAbandoned(ids.length, ...ids);
-        rows.forEach((row, i) => {
-          const record = row && parseRecordId(ids[i]!.slice(prefix.length));
-          const { request } = row ? stepsOfJson(row[1]) : {};
-          if (!row || !record || request === undefined) return;
-          found.push({ ...record, fingerprint: row[0], request, leaseUntilMs: nowMs - Number(row[2]) });
-        });
-      } while (cursor !== '0');
+      // On a Cluster every master is walked, and each record read by a script of its own (slot).
+      const nodes = cluster ? mastersBySlot(cluster).map((master) => master.node) : [client as Redis];
+      for (const node of nodes) {
+        let cursor = '0';
+        do {
+          const [following, ids] = await node.scan(
+            cursor,
+            'MATCH',
+            `${globEscape(prefix)}*`,
+            'COUNT',
+            SCAN_COUNT,
+          );
+          cursor = following;
+          if (ids.length === 0) continue;
+          const nowMs = Date.now();
+          const groups = cluster ? ids.map((id) => [id]) : [ids];
+          const replies = await Promise.all(
+            groups.map((group) => commands.retrysafeAbandoned(group.length, ...group)),
+          );
+          replies.flat().forEach((row, i) => {
+            const record = row && parseRecordId(ids[i]!.slice(prefix.length));
+            const { request } = row ? stepsOfJson(row[1]) : {};
+            if (!row || !record || request === undefined) return;
+            found.push({ ...record, fingerprint: row[0], request, leaseUntilMs: nowMs - Number(row[2]) });
+          });
+        } while (cursor !== '0');
+      }
       return found.sort((a, b) => a.leaseUntilMs - b.leaseUntilMs).slice(0, limit);
     },
 
