@@ -1,4 +1,5 @@
 import { setTimeout as sleep } from 'node:timers/promises';
+import type { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, IdempotencyStore, StoredResponse } from '../../src/core/index.js';
 import { type RedisStoreOptions, redisStore } from '../../src/stores/redis.js';
@@ -35,6 +36,19 @@ const input = (key: string): ClaimInput => ({
   leaseMs: 30_000,
   ttlMs: 120_000,
 });
+
+/** Waits (up to 15 s) until a live master reports `slot` served by a node other than `port`. */
+async function failedOver(masters: Redis[], slot: number, port: number): Promise<void> {
+  const live = masters.filter((node) => node.options.port !== port);
+  for (let attempt = 0; attempt < 75; attempt++) {
+    for (const node of live) {
+      const slots = (await node.cluster('SLOTS').catch(() => [])) as [number, number, [string, number]][];
+      const owner = slots.find(([from, to]) => from <= slot && slot <= to);
+      if (owner && owner[2][1] !== port) return;
+    }
+    await sleep(200);
+  }
+}
 
 interface Measured {
   acquired: number;
@@ -87,7 +101,12 @@ async function killMasterUnderLoad(
     while (acquired.length < CLAIMS_BEFORE_KILL) await sleep(5);
     process.kill(pid, 'SIGKILL');
     console.log(`redis cluster failover: killed master ${host}:${port} (pid ${pid})`);
-    if (restartFirst) await startRedisCluster();
+    // Not before the replica took over: the node comes back empty (no persistence) and, still
+    // master of its slots, would hand them back with none of the claims in them.
+    if (restartFirst) {
+      await failedOver(admin.nodes('master'), slot, Number(port));
+      await startRedisCluster();
+    }
 
     let recoveryAttempts = 0;
     for (; recoveryAttempts < RECOVERY_ATTEMPTS; recoveryAttempts++) {
