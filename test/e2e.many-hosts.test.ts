@@ -4,7 +4,7 @@ import { createRetryingFetch } from '../src/client/index.js';
 import { type LoanDesk, listLoans, startLoanDesk } from './support/loan-desk.js';
 import { errorCode } from './support/loan-flow.js';
 import { hasPgBouncer, startPgBouncer } from './support/pgbouncer.js';
-import { dropSchemas, hasPostgres, uniqueName } from './support/services.js';
+import { dropSchemas, hasMysql, hasPostgres, mysqlDatabase, uniqueName } from './support/services.js';
 
 /**
  * Two loan desks, as on two hosts: separate `WORKERS=2` instances on their own ports, sharing one
@@ -42,6 +42,14 @@ const ENGINES: Engine[] = [
     name: 'PostgreSQL behind PgBouncer, atomic mode',
     available: hasPostgres && hasPgBouncer,
     open: behindPgBouncer,
+  },
+  {
+    name: 'MariaDB, atomic mode',
+    available: hasMysql,
+    open: async () => {
+      const database = await mysqlDatabase();
+      return { env: { DATABASE_URL: database.url }, close: () => database.drop() };
+    },
   },
 ];
 
