@@ -4,7 +4,13 @@ import { createRetryingFetch } from '../src/client/index.js';
 import { type LoanDesk, listLoans, startLoanDesk } from './support/loan-desk.js';
 import { errorCode } from './support/loan-flow.js';
 import { hasPgBouncer, startPgBouncer } from './support/pgbouncer.js';
-import { dropSchemas, hasMysql, hasPostgres, mysqlDatabase, uniqueName } from './support/services.js';
+import {
+  clusterClient,
+  deleteClusterKeys,
+  hasRedisCluster,
+  REDIS_CLUSTER_NODES,
+} from './support/redis-cluster.js';
+import { dropSchemas, hasMysql, hasPostgres, mysqlDatabase, PG_URL, uniqueName } from './support/services.js';
 
 /**
  * Two loan desks, as on two hosts: separate `WORKERS=2` instances on their own ports, sharing one
@@ -49,6 +55,24 @@ const ENGINES: Engine[] = [
     open: async () => {
       const database = await mysqlDatabase();
       return { env: { DATABASE_URL: database.url }, close: () => database.drop() };
+    },
+  },
+  {
+    name: 'Redis Cluster (keys) and PostgreSQL (loans), lease mode',
+    available: hasRedisCluster && hasPostgres,
+    open: async () => {
+      const schema = uniqueName('rs_hosts');
+      const prefix = `${uniqueName('rs_hosts')}:`;
+      const keys = `redis+cluster://${REDIS_CLUSTER_NODES.slice(0, 3).join(',')}?prefix=${prefix}`;
+      return {
+        env: { DATABASE_URL: `${PG_URL}?schema=${schema}`, IDEMPOTENCY_STORE: keys },
+        async close() {
+          const cluster = clusterClient();
+          await deleteClusterKeys(cluster, prefix);
+          await cluster.quit();
+          await dropSchemas(schema);
+        },
+      };
     },
   },
 ];

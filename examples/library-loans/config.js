@@ -12,7 +12,8 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            (&pooling=transaction behind PgBouncer in transaction pooling mode)
  *                            or mysql://user@host:port/db (MySQL or MariaDB)
  * IDEMPOTENCY_STORE          where keys live: the database (default), `memory`, or
- *                            redis://host:port?prefix=name (keys then live in Redis, loans in SQL)
+ *                            redis://host:port?prefix=name (keys then live in Redis, loans in SQL),
+ *                            or redis+cluster://host:port,host:port?prefix=name (a Redis Cluster)
  * IDEMPOTENCY_MODE           atomic (default with keys in the database) or lease
  * IDEMPOTENCY_REQUIRED       true: POST /loans without a key is 400 (default false: a new loan each time)
  * IDEMPOTENCY_TTL            how long a key replays its response (24h; e.g. 7d, 2s)
@@ -117,7 +118,16 @@ export function readConfig(env = process.env) {
     const prefix = url.searchParams.get('prefix') || 'library-loans:';
     url.searchParams.delete('prefix');
     keys = { kind: 'redis', url: url.toString(), prefix };
-  } else fail('IDEMPOTENCY_STORE', '`database`, `memory` or a redis:// URL');
+  } else if (storeUrl.startsWith('redis+cluster://')) {
+    // Not a WHATWG URL: the authority lists the cluster's seed nodes, `host:port,host:port`.
+    const [nodes, query = ''] = storeUrl.slice('redis+cluster://'.length).replace(/\/$/, '').split('?');
+    const clusterNodes = nodes.split(',').filter(Boolean);
+    if (clusterNodes.length === 0 || !clusterNodes.every((node) => /^[^:,\s]+:\d{1,5}$/.test(node))) {
+      fail('IDEMPOTENCY_STORE', 'redis+cluster://host:port,host:port (the seed nodes)');
+    }
+    const prefix = new URLSearchParams(query).get('prefix') || 'library-loans:';
+    keys = { kind: 'redis-cluster', clusterNodes, prefix };
+  } else fail('IDEMPOTENCY_STORE', '`database`, `memory`, a redis:// URL or redis+cluster://host:port,…');
 
   const mode = env.IDEMPOTENCY_MODE || (keys.kind === 'database' ? 'atomic' : 'lease');
   if (mode !== 'atomic' && mode !== 'lease') fail('IDEMPOTENCY_MODE', '`atomic` or `lease`');

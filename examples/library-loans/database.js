@@ -29,5 +29,9 @@ export async function openKeyStore(config, database) {
       const { redisStore } = await import('retrysafe/redis');
       return redisStore({ url: config.keys.url, prefix: config.keys.prefix });
     }
+    case 'redis-cluster': {
+      const { redisStore } = await import('retrysafe/redis');
+      return redisStore({ clusterNodes: config.keys.clusterNodes, prefix: config.keys.prefix });
+    }
   }
 }
