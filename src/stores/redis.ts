@@ -89,7 +89,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
 // Release 0.1.0 wrote hashes (fields fingerprint, state, token, lease_until_ms, created_at_ms,
 // status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
 // answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did. Removed in 0.3.0:
-// by then every 0.1.0 record has outlived any retention a deployment keeps (see CHANGELOG).
+// run 0.2.x for one `ttl` first, and every 0.1.0 record has expired (see CHANGELOG).
 const LEGACY_HASH = `redis.call('TYPE', KEYS[1]).ok == 'hash'`;
 // A Lua pattern: an in-progress record's lease offset, creation offset, fingerprint and steps
 // (`''`, or a newline and their JSON). It also reads the first 80 bytes of one (GETRANGE), whose
