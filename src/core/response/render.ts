@@ -1,25 +1,9 @@
 import { STATUS_CODES } from 'node:http';
 import { ErrorCode, IdempotencyError, type StoredResponse } from '../contract/index.js';
-import type { BodyCipher } from './crypto.js';
-import { withHeader, withKeyEcho } from './stored.js';
+import { type ResponseShaping, withHeader, withKeyEcho } from './stored.js';
 
 // A duplicate polls no slower than this while it waits, so a missed notification costs little.
 export const MAX_WAIT_SLICE_MS = 1000;
-
-/** The resolved options that shape stored responses and rendered errors. */
-export interface ResponseShaping {
-  readonly replayHeaders: ReadonlySet<string>;
-  /** Lower-case, or `undefined` for no replay header. */
-  readonly replayedHeader: string | undefined;
-  /** The lower-case header every answer to a keyed request echoes its key in (`echoKey`), or `undefined`. */
-  readonly echoKeyHeader: string | undefined;
-  readonly cipher: BodyCipher | undefined;
-  readonly mismatchStatus: number;
-  readonly profile: 'default' | 'ietf';
-  readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
-  readonly maxBodyBytes: number;
-  readonly maxResponseBytes: number;
-}
 
 export function storeDown(cause: unknown, key: string): IdempotencyError {
   return new IdempotencyError(

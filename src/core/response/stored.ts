@@ -1,6 +1,21 @@
-import type { StoredResponse } from '../contract/index.js';
+import type { IdempotencyError, StoredResponse } from '../contract/index.js';
 import { keyHeaderValue } from '../request/key.js';
-import type { ResponseShaping } from './render.js';
+import type { BodyCipher } from './crypto.js';
+
+/** The resolved options that shape stored responses and rendered errors. */
+export interface ResponseShaping {
+  readonly replayHeaders: ReadonlySet<string>;
+  /** Lower-case, or `undefined` for no replay header. */
+  readonly replayedHeader: string | undefined;
+  /** The lower-case header every answer to a keyed request echoes its key in (`echoKey`), or `undefined`. */
+  readonly echoKeyHeader: string | undefined;
+  readonly cipher: BodyCipher | undefined;
+  readonly mismatchStatus: number;
+  readonly profile: 'default' | 'ietf';
+  readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
+  readonly maxBodyBytes: number;
+  readonly maxResponseBytes: number;
+}
 
 export function toStored(config: ResponseShaping, response: StoredResponse): StoredResponse {
   const headers: Record<string, string> = {};
