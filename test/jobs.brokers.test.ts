@@ -244,6 +244,11 @@ async function natsBroker(stream: string): Promise<Broker> {
   };
 }
 
+// Deduplicated deliveries per broker run. A kill lands after a job's effect and before its ack only
+// by chance, so one broker may see none in a run; over the three, none at all means the
+// redelivery path went untested, and the last test fails.
+const deduplicated: number[] = [];
+
 async function killWorkersWhileConsuming(
   brokerName: string,
   makeBroker: (queue: string) => Broker | Promise<Broker>,
@@ -277,7 +282,7 @@ async function killWorkersWhileConsuming(
         `${pool.deduplicated} redeliveries deduplicated, one row per job`,
     );
     expect(pool.kills).toBe(KILLS);
-    expect(pool.deduplicated).toBeGreaterThan(0);
+    deduplicated.push(pool.deduplicated);
   } finally {
     await pool.stop('SIGKILL');
     await broker.cleanup();
@@ -308,5 +313,13 @@ describe('idempotent() behind real brokers, workers SIGKILLed again and again', 
       await killWorkersWhileConsuming('nats', natsBroker, postgresDatabase);
     },
     90_000,
+  );
+
+  it.skipIf(!hasRedis && !hasRabbitMq && !hasNats)(
+    'deduplicated redeliveries: some across the brokers',
+    () => {
+      expect(deduplicated.length).toBeGreaterThan(0);
+      expect(deduplicated.reduce((sum, count) => sum + count, 0)).toBeGreaterThan(0);
+    },
   );
 });
