@@ -4,8 +4,6 @@ import { describeAdminAccess } from './admin.js';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
-import { listeningWorkers } from './listening-workers.js';
-import { rescueLostConnections, takeLostConnections } from './lost-connections.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
 /**
@@ -17,7 +15,6 @@ const SHUTDOWN_GRACE_MS = 5000;
 async function serve(config, { setup }) {
   const desk = await startLoanDesk(config, { setup });
   if (cluster.isWorker) {
-    takeLostConnections(desk.server);
     console.log(`worker ${process.pid} serving ${desk.url}`);
   } else {
     console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
@@ -56,12 +53,16 @@ async function serve(config, { setup }) {
 
 /**
  * The primary of `WORKERS=N`: creates the schema and catalog once, then forks N workers that share
- * the port (node:cluster hands them the connections) and the database, and adds up their metrics
- * for `GET /metrics`. A worker that dies after the desk is up is replaced, and a connection handed
- * to it that it never took is served by another (`rescueLostConnections`); one that dies during
- * start stops the desk, as it would die again.
+ * the port and the database, and adds up their metrics for `GET /metrics`. A worker that dies after
+ * the desk is up is replaced; one that dies during start stops the desk, as it would die again.
+ *
+ * The workers accept connections themselves (`SCHED_NONE`) rather than have the primary deal them
+ * out in turn (node:cluster's default on Linux): a connection the primary dealt to a worker killed
+ * before it took it stays open, unanswered, for good (node 20). Accepted by the worker, it dies with
+ * it: its client sees the connection reset and retries, which its `Idempotency-Key` makes safe.
  */
 async function supervise(config) {
+  cluster.schedulingPolicy = cluster.SCHED_NONE;
   const database = await openDatabase(config, { setup: true });
   await database.close();
   if (config.keys.kind === 'memory') {
@@ -69,10 +70,7 @@ async function supervise(config) {
       'loan desk: IDEMPOTENCY_STORE=memory keeps keys per worker; retries landing on another worker run again',
     );
   }
-  // A worker answers questions and takes connections once its desk listens.
-  const workersListening = listeningWorkers();
-  aggregateWorkerMetrics(workersListening);
-  rescueLostConnections(workersListening);
+  aggregateWorkerMetrics();
   let ready = false;
   let stopping = false;
   let listening = 0;
