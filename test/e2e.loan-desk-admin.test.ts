@@ -275,6 +275,34 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
   });
 });
 
+describe('loan desk with DEMO_FAULTS=1: the lossy switch is a fault proxy in front of the desk', () => {
+  it('with WORKERS=2 too: a marked loan is lent, its answer lost, and the retry replays it', async () => {
+    const desk = await startLoanDesk({ workers: 2, env: { DEMO_FAULTS: '1' } });
+    try {
+      const key = `lossy-workers-${randomUUID()}`;
+      const before = (await listLoans(desk.baseUrl)).length;
+      await expect(
+        postLoan(desk.baseUrl, loan('2026-05-06'), { key, headers: { 'x-demo-lose-response': '1' } }),
+      ).rejects.toThrow(TypeError);
+      const retry = await postLoan(desk.baseUrl, loan('2026-05-06'), { key });
+      expect(retry.status).toBe(201);
+      expect(retry.headers.get('idempotency-replayed')).toBe('true');
+      expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
+      // The workers serve behind the proxy, on a port of their own.
+      const serving = /^worker \d+ serving (\S+)/m.exec(desk.output())![1];
+      expect(serving).not.toBe(desk.baseUrl);
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  }, 40_000);
+
+  it('refuses to start on a host that is not loopback', async () => {
+    await expect(startLoanDesk({ env: { DEMO_FAULTS: '1', HOST: '0.0.0.0' } })).rejects.toThrow(
+      /HOST="0\.0\.0\.0" is invalid: expected a loopback address .* with DEMO_FAULTS=1/,
+    );
+  });
+});
+
 describe.skipIf(!hasPostgres)('two desks on one PostgreSQL database', () => {
   it('agree on the scope secret: a key sent to one replays on the other', async () => {
     const schema = uniqueName('desk_secret');

@@ -4,6 +4,7 @@ import { describeAdminAccess } from './admin.js';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
+import { behindFaultFront, startFaultFront } from './fault-front.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
 /**
@@ -13,12 +14,15 @@ import { aggregateWorkerMetrics } from './operations.js';
 const SHUTDOWN_GRACE_MS = 5000;
 
 async function serve(config, { setup }) {
-  const desk = await startLoanDesk(config, { setup });
+  const desk = await startLoanDesk(config.demoFaults ? behindFaultFront(config) : config, { setup });
+  // With WORKERS=N the primary runs the front, once every worker listens.
+  const front = config.demoFaults && cluster.isPrimary ? await startFaultFront(config, desk.port) : undefined;
   if (cluster.isWorker) {
     console.log(`worker ${process.pid} serving ${desk.url}`);
   } else {
-    console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
-    console.log(describeAdminAccess(config, desk.url));
+    const url = front ? deskUrl(config.host, front.port) : desk.url;
+    console.log(`loan desk listening on ${url} (${describe(config)})`);
+    console.log(describeAdminAccess(config, url));
   }
   // Unlike the database, which the setup needs, Redis holds nothing to set up: the desk serves
   // while it is down (keyed loans 503, the rest as usual) and recovers by itself, as after an
@@ -34,7 +38,7 @@ async function serve(config, { setup }) {
   }
   const who = cluster.isWorker ? `loan desk worker ${process.pid}` : 'loan desk';
   const stop = (signal) => {
-    const closed = desk.close();
+    const closed = desk.close().then(() => front?.close());
     console.log(
       `${who}: ${signal}: stopped accepting connections; finishing the requests in flight (at most ${SHUTDOWN_GRACE_MS / 1000} s)`,
     );
@@ -74,13 +78,14 @@ async function supervise(config) {
   let ready = false;
   let stopping = false;
   let listening = 0;
-  cluster.on('listening', (_worker, address) => {
+  cluster.on('listening', async (_worker, address) => {
     if (ready || ++listening < config.workers) return;
     ready = true;
-    console.log(
-      `loan desk listening on ${deskUrl(config.host, address.port)} (${config.workers} workers; ${describe(config)})`,
-    );
-    console.log(describeAdminAccess(config, deskUrl(config.host, address.port)));
+    // The workers listen on one port: behind the front, the same free one (node:cluster's listen(0)).
+    const port = config.demoFaults ? (await startFaultFront(config, address.port)).port : address.port;
+    const url = deskUrl(config.host, port);
+    console.log(`loan desk listening on ${url} (${config.workers} workers; ${describe(config)})`);
+    console.log(describeAdminAccess(config, url));
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) {
