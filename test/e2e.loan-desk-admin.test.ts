@@ -1,5 +1,6 @@
 import { createHash, randomUUID } from 'node:crypto';
 import http from 'node:http';
+import net from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { adminAccess } from '../examples/library-loans/admin.js';
@@ -295,6 +296,19 @@ describe('loan desk with DEMO_FAULTS=1: the lossy switch is a fault proxy in fro
       expect(await desk.stop()).toBe(0);
     }
   }, 40_000);
+
+  it('with WORKERS=2, a port taken stops the start, saying so', async () => {
+    const taken = net.createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const { port } = taken.address() as net.AddressInfo;
+    try {
+      await expect(
+        startLoanDesk({ workers: 2, env: { DEMO_FAULTS: '1', PORT: String(port) } }),
+      ).rejects.toThrow(/loan desk: the fault proxy cannot listen: listen EADDRINUSE/);
+    } finally {
+      taken.close();
+    }
+  }, 30_000);
 
   it('refuses to start on a host that is not loopback', async () => {
     await expect(startLoanDesk({ env: { DEMO_FAULTS: '1', HOST: '0.0.0.0' } })).rejects.toThrow(

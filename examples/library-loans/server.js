@@ -78,14 +78,23 @@ async function supervise(config) {
   let ready = false;
   let stopping = false;
   let listening = 0;
-  cluster.on('listening', async (_worker, address) => {
-    if (ready || ++listening < config.workers) return;
-    ready = true;
-    // The workers listen on one port: behind the front, the same free one (node:cluster's listen(0)).
-    const port = config.demoFaults ? (await startFaultFront(config, address.port)).port : address.port;
+  const announce = (port) => {
     const url = deskUrl(config.host, port);
     console.log(`loan desk listening on ${url} (${config.workers} workers; ${describe(config)})`);
     console.log(describeAdminAccess(config, url));
+  };
+  cluster.on('listening', (_worker, address) => {
+    if (ready || ++listening < config.workers) return;
+    ready = true;
+    if (!config.demoFaults) return announce(address.port);
+    // The workers listen on one port: behind the front, the same free one (node:cluster's listen(0)).
+    startFaultFront(config, address.port).then(
+      (front) => announce(front.port),
+      (error) => {
+        console.error(`loan desk: the fault proxy cannot listen: ${error.message}`);
+        process.exit(1);
+      },
+    );
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) {
