@@ -92,7 +92,8 @@ export async function execute<Req, Tx>(
       switch (result.outcome) {
         case 'acquired':
           waited(engine, claim, waitingSinceMs, 'acquired');
-          return runLeased(
+          // Awaited: an async call's promise returned as it is costs two more turns to adopt.
+          return await runLeased(
             engine,
             claim,
             result.token,
