@@ -129,7 +129,12 @@ describe('loan desk with WORKERS=2: a worker killed holding a loan request', () 
         `POST /loans HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n` +
           `idempotency-key: ${key}\r\ncontent-length: ${body.length}\r\n\r\n${body.slice(0, 10)}`,
       );
-      expect(await getBooks(desk)).toBe(200);
+      const books = await fetch(`${desk.baseUrl}/books`, {
+        headers: { connection: 'close' },
+        signal: AbortSignal.timeout(WAIT.timeout),
+      });
+      expect(books.status).toBe(200);
+      await books.text();
       process.kill(victim, 'SIGKILL');
       expect(await received).toBe('');
       resume(other);
