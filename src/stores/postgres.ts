@@ -843,7 +843,11 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
       }
       if (claimed.outcome !== 'acquired') {
-        await client.query('ROLLBACK');
+        // The claim wrote nothing: its ROLLBACK is sent and not waited for, so a replay answers
+        // after one round trip, not two. The client goes back to the pool meanwhile; a pg client
+        // runs its queries in order, so whoever takes it next queues behind the ROLLBACK, and a
+        // connection lost in it is dropped by the pool.
+        client.query('ROLLBACK').catch(() => undefined);
         return claimed;
       }
       const result = await work(client);
