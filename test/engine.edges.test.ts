@@ -175,7 +175,7 @@ describe.each(backends)('$name store', (backend) => {
       key: uniqueName('wait'),
       fingerprint: 'f',
       leaseMs: 30 * 86_400_000,
-      ttlMs: 30 * 86_400_000,
+      retainMs: 30 * 86_400_000,
       timeoutMs: 30 * 86_400_000,
     };
     const claimed = await store.claim(input);

@@ -24,7 +24,7 @@ const input = (key: string, fingerprint = 'f1'): ClaimInput => ({
   key,
   fingerprint,
   leaseMs: 10_000,
-  ttlMs: 60_000,
+  retainMs: 60_000,
 });
 
 describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', () => {

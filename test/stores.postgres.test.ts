@@ -52,7 +52,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     key,
     fingerprint,
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   beforeAll(async () => {
@@ -332,7 +332,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 
     it('work that outlives the record commits nothing, its own writes included', async () => {
       await expect(
-        store.atomic({ ...input('a7'), leaseMs: 50, ttlMs: 50 }, async (tx) => {
+        store.atomic({ ...input('a7'), leaseMs: 50, retainMs: 50 }, async (tx) => {
           await tx.query(`INSERT INTO "${schema}".effect VALUES ('a7')`);
           await sleep(150);
           return { response: response('late'), commit: true };
@@ -432,7 +432,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
     key,
     fingerprint: 'f',
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   afterAll(async () => {

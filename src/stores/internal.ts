@@ -71,14 +71,6 @@ export function newToken(): string {
   return randomUUID();
 }
 
-/**
- * A record must outlive its lease: were retention shorter, the record would read as absent while
- * its owner still runs, and a retry would run the handler a second time.
- */
-export function expiresAtMs(nowMs: number, leaseMs: number, ttlMs: number): number {
-  return nowMs + Math.max(leaseMs, ttlMs);
-}
-
 export function requirePositiveInteger(owner: string, option: string, value: unknown): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
     throw new ConfigError(`${owner}: \`${option}\` must be a positive integer, got ${String(value)}`);

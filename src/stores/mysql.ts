@@ -388,7 +388,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       fingerprint: input.fingerprint,
       token,
       leaseMs: input.leaseMs,
-      retainMs: Math.max(input.leaseMs, input.ttlMs),
+      retainMs: input.retainMs,
     };
     await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
     // Read back even after a takeover (2 rows affected): it answers the steps saved before it.

@@ -370,7 +370,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     text: `WITH n AS (SELECT ${NOW_MS} AS ms),
       ins AS (
         INSERT INTO ${qualified} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-        SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM n
+        SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + $6 FROM n
         ON CONFLICT (scope, key) DO NOTHING
         RETURNING token)
       SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
@@ -390,7 +390,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     name: `retrysafe_take_over_${tag}`,
     text: `WITH n AS (SELECT ${NOW_MS} AS ms)
       UPDATE ${qualified} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
-        expires_at_ms = n.ms + GREATEST($5, $6), completed_at_ms = NULL, status = NULL, headers = NULL,
+        expires_at_ms = n.ms + $6, completed_at_ms = NULL, status = NULL, headers = NULL,
         body = NULL,
         steps = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE steps END,
         request = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE request END
@@ -514,7 +514,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         input.fingerprint,
         token,
         input.leaseMs,
-        input.ttlMs,
+        input.retainMs,
       ];
       const { rows } = await query(false, values);
       const row = rows[0];

@@ -616,7 +616,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       batchWrites();
       const token = newToken();
       const id = redisKey(input.scope, input.key);
-      const retainMs = Math.max(input.leaseMs, input.ttlMs);
+      const { retainMs } = input;
       const record = `${ownerPrefix(token)}${retainMs - input.leaseMs}\n${retainMs}\n${input.fingerprint}`;
       let found: Buffer | null | undefined;
       try {

@@ -23,7 +23,6 @@ import {
   type AbandonedRow,
   abandonedLimit,
   abandonedOf,
-  expiresAtMs,
   keysetPage,
   listRequest,
   newToken,
@@ -377,12 +376,13 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     DELETE FROM ${t}
     WHERE scope = @scope AND key = @key AND token = @token
       AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
-  // Retention grows with the lease when the lease would outlive it (see expiresAtMs).
+  // Retention grows with the lease when the lease would outlive it: a record outlives its lease.
   const renewStatement = db.prepare(`
     UPDATE ${t} SET lease_until_ms = @leaseUntilMs, expires_at_ms = max(expires_at_ms, @leaseUntilMs)
     WHERE scope = @scope AND key = @key AND token = @token
       AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
-  // A record never expires before its lease passes (see expiresAtMs), so this spares live leases.
+  // A record never expires before its lease passes (the claim's `retainMs` covers the lease, and
+  // renewals extend it), so this spares live leases.
   const purgeStatement = db.prepare(`
     DELETE FROM ${t} WHERE rowid IN (
       SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
@@ -424,7 +424,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       token,
       nowMs + input.leaseMs,
       nowMs,
-      expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+      nowMs + input.retainMs,
       nowMs,
       nowMs,
       nowMs,

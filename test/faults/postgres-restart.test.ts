@@ -41,7 +41,7 @@ describe.skipIf(!hasPostgres)('postgres store while the cluster restarts', () =>
     key: `k-${sequence++}`,
     fingerprint: 'fp',
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   /** One request's worth of store calls, in lease mode or atomic mode. */

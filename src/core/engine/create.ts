@@ -71,6 +71,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
         config.fingerprintBody,
       ),
       leaseMs: config.leaseMs,
+      retainMs: config.ttlMs,
       ttlMs: config.ttlMs,
       timeoutMs: config.storeTimeoutMs,
     };
@@ -99,6 +100,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
       key: record.key,
       fingerprint: record.fingerprint,
       leaseMs: config.leaseMs,
+      retainMs: config.ttlMs,
       ttlMs: config.ttlMs,
       timeoutMs: config.storeTimeoutMs,
     };

@@ -241,6 +241,7 @@ export function idempotent<Input, Tx = unknown>(
       key,
       fingerprint: sha256(`${FINGERPRINT_DOMAIN}${plainCanonical(part) ?? ''}`, 'hex'),
       leaseMs: config.leaseMs,
+      retainMs: config.ttlMs,
       ttlMs: config.ttlMs,
       timeoutMs: config.storeTimeoutMs,
     };
