@@ -24,7 +24,9 @@ import {
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
+  sqlIdentifier,
   summaryOf,
+  toBuffer,
   Waiters,
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
@@ -115,7 +117,6 @@ export interface PostgresStore extends AtomicStore<pg.PoolClient>, PhaseStore<pg
   readonly pool: pg.Pool;
 }
 
-const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 /**
  * A claim that finds the record changing under it (committed while the insert waited on it,
  * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
@@ -153,18 +154,7 @@ interface TypedStatement extends Statement {
 
 type SqlValue = string | number | Buffer;
 
-function identifier(name: string, value: string): string {
-  if (!IDENTIFIER.test(value)) {
-    throw new ConfigError(
-      `postgresStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`,
-    );
-  }
-  return value;
-}
-
-function toBuffer(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-}
+const identifier = (name: string, value: string) => sqlIdentifier('postgresStore', name, value);
 
 function literal(value: SqlValue): string {
   return pg.escapeLiteral(Buffer.isBuffer(value) ? `\\x${value.toString('hex')}` : String(value));

@@ -18,6 +18,7 @@ import {
   parseRecordId,
   recordId,
   requirePositiveInteger,
+  toBuffer,
   Waiters,
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
@@ -339,10 +340,6 @@ function writesPerTurn(client: Redis | Cluster): () => void {
     for (const stream of corked) stream.cork();
     setImmediate(uncork);
   };
-}
-
-function toBuffer(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
 /**
