@@ -13,7 +13,7 @@ import {
   isAtomicStore,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { postRequest } from './support/engine-request.js';

@@ -9,10 +9,10 @@ import type {
   PhaseStore,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
-import { atomicInFlight } from './in-flight.js';
+} from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+import { atomicInFlight } from '../in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -24,12 +24,15 @@ import {
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
-  sqlIdentifier,
   summaryOf,
   toBuffer,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
+import { identifier, postgresMigrationSql } from './migrate.js';
+import { prepare, preparedOn, type Statement, type TypedStatement, withValues } from './prepared.js';
+
+export { postgresMigrationSql };
 
 /** Options of {@link postgresStore}: one of `pool` or `connectionString`. */
 export interface PostgresStoreOptions {
@@ -129,115 +132,12 @@ const CLAIM_ATTEMPTS = 4;
 const BLOCKED_RETRY_AFTER_MS = 1000;
 const LOCK_NOT_AVAILABLE = '55P03';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
-const DUPLICATE_PREPARED_STATEMENT = '42P05';
 const UNDEFINED_TABLE = '42P01';
 /** A table made before steps existed: `migrate` adds their columns. */
 const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const MISSING_PREPARED_STATEMENT = '26000';
 const DIVISION_BY_ZERO = '22012';
-/**
- * The SQL-level prepared statements each connection holds, shared by every store in the process
- * (two stores of one table on one pool would otherwise prepare the same name twice).
- */
-const preparedOn = new WeakMap<pg.ClientBase, Set<string>>();
-
-interface Statement {
-  name: string;
-  text: string;
-}
-
-/** A statement run inside a multi-statement simple query: the SQL types of its `$n`, in order. */
-interface TypedStatement extends Statement {
-  types: readonly string[];
-}
-
-type SqlValue = string | number | Buffer;
-
-const identifier = (name: string, value: string) => sqlIdentifier('postgresStore', name, value);
-
-function literal(value: SqlValue): string {
-  return pg.escapeLiteral(Buffer.isBuffer(value) ? `\\x${value.toString('hex')}` : String(value));
-}
-
-/**
- * `statement` with `values`, as one statement of a multi-statement simple query (which takes no
- * parameters): `EXECUTE` of the prepared statement, or, where nothing may be prepared (a
- * transaction pooler), its text with each `$n` replaced by a literal of its type.
- */
-function withValues(statement: TypedStatement, values: readonly SqlValue[], prepared: boolean): string {
-  if (prepared) return `EXECUTE ${statement.name}(${values.map(literal).join(', ')})`;
-  return statement.text.replace(/\$(\d+)/g, (_, n: string) => {
-    const index = Number(n) - 1;
-    return `${literal(values[index]!)}::${statement.types[index]}`;
-  });
-}
-
-/**
- * Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run
- * them. Preparing waits on a lock of the table like the statement itself would, so it is bounded
- * by `timeoutMs` (the SETs share the query's implicit transaction: a timeout undoes them too).
- */
-async function prepare(
-  client: pg.PoolClient,
-  statements: readonly Statement[],
-  timeoutMs: number,
-): Promise<void> {
-  const names = preparedOn.get(client) ?? new Set<string>();
-  preparedOn.set(client, names);
-  for (const { name, text } of statements) {
-    if (names.has(name)) continue;
-    try {
-      await client.query(
-        `SET statement_timeout = ${timerMs(timeoutMs)}; PREPARE ${name} AS ${text}; SET statement_timeout TO DEFAULT`,
-      );
-    } catch (error) {
-      // Another copy of this module (one per package format, say) prepared it on this connection.
-      if ((error as { code?: string }).code !== DUPLICATE_PREPARED_STATEMENT) throw error;
-    }
-    names.add(name);
-  }
-}
-
-/**
- * The statements `migrate()` runs, in order, for a migration tool of your own
- * (`retrysafe migrate --print`). Each is safe to run again.
- * @example
- * ```ts
- * import { postgresMigrationSql } from 'retrysafe/postgres';
- * await fs.writeFile('migrations/0001_idempotency.sql', postgresMigrationSql({ schema: 'app' }).join(';\n') + ';\n');
- * ```
- */
-export function postgresMigrationSql(options: { schema?: string; table?: string } = {}): string[] {
-  const schema = identifier('schema', options.schema ?? 'public');
-  const table = identifier('table', options.table ?? 'idempotency_keys');
-  const qualified = `"${schema}"."${table}"`;
-  return [
-    // Every database has `public`, and creating it would need a privilege the user may lack.
-    ...(schema === 'public' ? [] : [`CREATE SCHEMA IF NOT EXISTS "${schema}"`]),
-    `CREATE TABLE IF NOT EXISTS ${qualified} (
-  scope text NOT NULL,
-  key text NOT NULL,
-  fingerprint text NOT NULL,
-  token text NOT NULL,
-  lease_until_ms bigint NOT NULL,
-  created_at_ms bigint NOT NULL,
-  expires_at_ms bigint NOT NULL,
-  completed_at_ms bigint,
-  status integer,
-  headers json,
-  body bytea,
-  steps jsonb,
-  request text,
-  PRIMARY KEY (scope, key))`,
-    `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${qualified} (expires_at_ms)`,
-    // Steps came in a later release: a table made before lacks their columns.
-    `ALTER TABLE ${qualified} ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS request text`,
-    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON ${qualified} (lease_until_ms)
-  WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
-  ];
-}
-
 interface RecordRow {
   acquired: boolean;
   fingerprint: string;
