@@ -108,7 +108,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   const tableName = table ?? 'idempotency_keys';
   if (databaseKind(databaseUrl) === 'postgres') {
     await driver(() => import('pg'), 'pg');
-    const { postgresStore } = await import('./stores/postgres.js');
+    const { postgresStore } = await import('./stores/postgres/index.js');
     const store = postgresStore({ connectionString: databaseUrl, schema, table, maxConnections: 1 });
     const schemaName = schema ?? 'public';
     const label = `"${schemaName}"."${tableName}"`;
@@ -182,7 +182,7 @@ async function openMysql(
 
 async function migrationSql(databaseUrl: string, schema?: string, table?: string): Promise<string[]> {
   if (databaseKind(databaseUrl) === 'postgres') {
-    const { postgresMigrationSql } = await import('./stores/postgres.js');
+    const { postgresMigrationSql } = await import('./stores/postgres/index.js');
     return postgresMigrationSql({ schema, table });
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');

@@ -18,7 +18,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyStore } from '../src/core/contract/index.js';
 import { idempotent } from '../src/core/index.js';
 import { mysqlStore } from '../src/stores/mysql.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import {
@@ -267,7 +267,7 @@ describe('retrysafe CLI', () => {
       const store = postgresStore({ connectionString: PG_URL, schema: own });
       try {
         await admin.query(run.stdout);
-        const input = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1000, ttlMs: 1000 };
+        const input = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1000, retainMs: 1000 };
         expect((await store.claim(input)).outcome).toBe('acquired');
       } finally {
         await store.close();
@@ -316,8 +316,8 @@ describe('retrysafe CLI', () => {
           expect(run).toMatchObject({ code: 0, stderr: '' });
           expect(run.stdout).toContain(`migrated \`keys\` in ${database.name}`);
         }
-        await store.claim({ scope: 's', key: 'old', fingerprint: 'f', leaseMs: 1, ttlMs: 1 });
-        await store.claim({ scope: 's', key: 'new', fingerprint: 'f', leaseMs: 60_000, ttlMs: 60_000 });
+        await store.claim({ scope: 's', key: 'old', fingerprint: 'f', leaseMs: 1, retainMs: 1 });
+        await store.claim({ scope: 's', key: 'new', fingerprint: 'f', leaseMs: 60_000, retainMs: 60_000 });
         await new Promise((resolve) => setTimeout(resolve, 50));
         const run = await cli('purge', '--database-url', database.url, '--table', 'keys');
         expect(run).toMatchObject({ code: 0, stderr: '' });
@@ -344,7 +344,7 @@ describe('retrysafe CLI', () => {
  */
 async function seed(store: IdempotencyStore): Promise<void> {
   const claim = (scope: string, key: string) =>
-    store.claim({ scope, key, fingerprint: 'f', leaseMs: 60_000, ttlMs: 600_000 });
+    store.claim({ scope, key, fingerprint: 'f', leaseMs: 60_000, retainMs: 600_000 });
   const done = await claim('tenant', 'order-1');
   if (done.outcome !== 'acquired') throw new Error(done.outcome);
   await store.complete('tenant', 'order-1', done.token, {
@@ -466,7 +466,7 @@ function describeKeysCommands(
       key: 'order-2',
       fingerprint: 'g',
       leaseMs: 1000,
-      ttlMs: 1000,
+      retainMs: 1000,
     });
     expect(claimed.outcome).toBe('acquired');
   });
@@ -491,7 +491,7 @@ describe('retrysafe keys', () => {
         key: 'in-db-3',
         fingerprint: 'f',
         leaseMs: 60_000,
-        ttlMs: 60_000,
+        retainMs: 60_000,
       });
       expect(claimed.outcome).toBe('acquired');
       const listed = await cli('keys', 'list', '--redis-url', `${REDIS_URL}/3`, '--prefix', prefix);

@@ -48,7 +48,7 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     key,
     fingerprint,
     leaseMs,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   beforeAll(async () => {

@@ -31,8 +31,10 @@ import {
   recordId,
   requirePositiveInteger,
   type SummaryRow,
+  sqlIdentifier,
   stepsOf,
   summaryOf,
+  toBuffer,
   Waiters,
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
@@ -87,7 +89,6 @@ export interface MysqlStore extends AtomicStore<PoolConnection>, PhaseStore<Pool
   readonly pool: Pool;
 }
 
-const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
 /**
  * A claim that finds the record changing under it (released, purged or taken over between its
  * write and its read, or a deadlock InnoDB broke) asks again; a few rounds settle any realistic
@@ -111,16 +112,7 @@ const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
 /** A table made before steps existed: `migrate` adds their columns. */
 const ER_BAD_FIELD_ERROR = 'ER_BAD_FIELD_ERROR';
 
-function identifier(name: string, value: string): string {
-  if (!IDENTIFIER.test(value)) {
-    throw new ConfigError(`mysqlStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`);
-  }
-  return value;
-}
-
-function toBuffer(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-}
+const identifier = (name: string, value: string) => sqlIdentifier('mysqlStore', name, value, 64);
 
 /**
  * The statements `migrate()` runs, in order, on one connection, for a migration tool of your own
@@ -388,7 +380,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       fingerprint: input.fingerprint,
       token,
       leaseMs: input.leaseMs,
-      retainMs: Math.max(input.leaseMs, input.ttlMs),
+      retainMs: input.retainMs,
     };
     await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
     // Read back even after a takeover (2 rows affected): it answers the steps saved before it.

@@ -34,7 +34,7 @@ const input = (key: string): ClaimInput => ({
   key,
   fingerprint: 'fp',
   leaseMs: 30_000,
-  ttlMs: 120_000,
+  retainMs: 120_000,
 });
 
 /** Waits (up to 15 s) until a live master reports `slot` served by a node other than `port`. */
