@@ -3,7 +3,6 @@ import { Readable } from 'node:stream';
 import type { Context, Middleware } from 'koa';
 import {
   createIdempotency,
-  ErrorCode,
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
@@ -14,11 +13,10 @@ import {
 } from '../core/index.js';
 import {
   captureBody,
-  closeAfterDrain,
+  clearForAnswer,
   keyHeaderOf,
   type RenderErrorsOption,
   readBody,
-  resetHeaders,
   splitAdapterOptions,
 } from './kit/index.js';
 
@@ -104,13 +102,11 @@ export function idempotency<Tx = RegisteredTx>(options: KoaIdempotencyOptions<Tx
         return;
       case 'replayed':
         // After downstream ran too when its lease was lost: none of its headers may leak.
-        if (before) resetHeaders(ctx.res, before);
+        clearForAnswer(ctx.req, ctx.res, before);
         return answer(ctx, outcome.response);
       case 'rejected':
         // Atomic mode could not commit what downstream answered: none of it may reach the client.
-        if (before) resetHeaders(ctx.res, before);
-        // The rest of an oversized body is still on its way: whoever answers, read it off first.
-        if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(ctx.req, ctx.res);
+        clearForAnswer(ctx.req, ctx.res, before, outcome.error);
         if (!renderErrors) throw outcome.error;
         return answer(ctx, engine.render(outcome.error));
     }
