@@ -28,8 +28,8 @@ import {
 } from './kit/index.js';
 
 /** Options of the `retrysafe/fastify` plugin: the engine's, plus the plugin's own. */
-export interface FastifyIdempotencyOptions
-  extends IdempotencyOptions<FastifyRequest, RegisteredTx>,
+export interface FastifyIdempotencyOptions<Tx = RegisteredTx>
+  extends IdempotencyOptions<FastifyRequest, Tx>,
     RenderErrorsOption {
   /**
    * `true`: the plugin answers engine errors (bad or missing key 400, conflict 409/422, in

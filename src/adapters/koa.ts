@@ -36,10 +36,10 @@ export interface KoaIdempotencyOptions<Tx = RegisteredTx>
   renderErrors?: boolean;
 }
 
-/** The state the middleware sets: `ctx.state.idempotency`. */
-export interface IdempotencyState {
+/** The state the middleware sets: `ctx.state.idempotency`, its `tx` the store's. */
+export interface IdempotencyState<Tx = RegisteredTx> {
   /** Set on requests guarded by an Idempotency-Key; `undefined` otherwise. */
-  idempotency: IdempotencyContext | undefined;
+  idempotency: IdempotencyContext<Tx> | undefined;
 }
 
 // These statuses carry no body; Koa strips whatever ctx.body holds.
@@ -64,7 +64,9 @@ const EMPTY_STATUS = new Set([204, 205, 304]);
  *   ctx.body = { id, key: ctx.state.idempotency?.key };
  * });
  */
-export function idempotency<Tx = RegisteredTx>(options: KoaIdempotencyOptions<Tx>): Middleware {
+export function idempotency<Tx = RegisteredTx>(
+  options: KoaIdempotencyOptions<Tx>,
+): Middleware<IdempotencyState<Tx>> {
   const { renderErrors, engineOptions } = splitAdapterOptions('koa idempotency()', options);
   const engine = createIdempotency<Context, Tx>(engineOptions);
 
