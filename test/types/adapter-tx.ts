@@ -14,12 +14,26 @@ import Fastify from 'fastify';
 import { Hono } from 'hono';
 import Koa from 'koa';
 import type { PoolClient } from 'pg';
-import { type ExpressIdempotencyOptions, idempotency as expressIdempotency } from '../../src/adapters/express.js';
-import { type FastifyIdempotencyOptions, idempotency as fastifyIdempotency } from '../../src/adapters/fastify.js';
-import { type FetchIdempotencyOptions, idempotency as fetchIdempotency, idempotencyOf } from '../../src/adapters/fetch.js';
+import {
+  type ExpressIdempotencyOptions,
+  idempotency as expressIdempotency,
+} from '../../src/adapters/express.js';
+import {
+  type FastifyIdempotencyOptions,
+  idempotency as fastifyIdempotency,
+} from '../../src/adapters/fastify.js';
+import {
+  type FetchIdempotencyOptions,
+  idempotency as fetchIdempotency,
+  idempotencyOf,
+} from '../../src/adapters/fetch.js';
 import { type HonoIdempotencyOptions, idempotency as honoIdempotency } from '../../src/adapters/hono.js';
-import { idempotency as koaIdempotency, type KoaIdempotencyOptions } from '../../src/adapters/koa.js';
-import { IdempotencyInterceptor, type NestIdempotencyOptions, RetrysafeModule } from '../../src/adapters/nestjs.js';
+import { type KoaIdempotencyOptions, idempotency as koaIdempotency } from '../../src/adapters/koa.js';
+import {
+  IdempotencyInterceptor,
+  type NestIdempotencyOptions,
+  RetrysafeModule,
+} from '../../src/adapters/nestjs.js';
 import { type NodeIdempotencyOptions, idempotency as nodeIdempotency } from '../../src/adapters/node.js';
 import type { AtomicStore, IdempotencyStore } from '../../src/core/index.js';
 import { postgresStore } from '../../src/stores/postgres.js';
@@ -41,7 +55,9 @@ assertType<Equal<KoaIdempotencyOptions['store'], Registered>>(true);
 assertType<Equal<NestIdempotencyOptions['store'], Registered>>(true);
 assertType<Equal<NodeIdempotencyOptions['store'], Registered>>(true);
 // And each takes the store's type when named.
-assertType<Equal<KoaIdempotencyOptions<PoolClient>['store'], IdempotencyStore | AtomicStore<PoolClient>>>(true);
+assertType<Equal<KoaIdempotencyOptions<PoolClient>['store'], IdempotencyStore | AtomicStore<PoolClient>>>(
+  true,
+);
 assertType<Equal<FastifyIdempotencyOptions<PoolClient>['store'], IdempotencyStore | AtomicStore<PoolClient>>>(
   true,
 );
