@@ -255,7 +255,8 @@ export function isAtomicStore(store: IdempotencyStore): store is AtomicStore {
  * What a project declares once so that the request types of Express (`req.idempotency`), Fastify
  * (`request.idempotency`) and Hono (`c.get('idempotency')` after `app.use`) know its transaction
  * type. Those are global declarations of the frameworks, which no factory's `Tx` can reach; a
- * Hono route naming the middleware, and node:http handlers, get `Tx` from the store instead.
+ * Hono route naming the middleware, node:http handlers, Koa's state and Nest's interceptor get
+ * `Tx` from the store instead.
  * @example
  * import type { PoolClient } from 'pg';
  * declare module 'retrysafe' {
