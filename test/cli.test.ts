@@ -302,62 +302,42 @@ describe('retrysafe CLI', () => {
     });
   });
 
-  describe.skipIf(!(hasPostgres && hasPgBouncer))(
-    'on PostgreSQL behind PgBouncer (transaction pooling)',
-    () => {
+  it.skipIf(!(hasPostgres && hasPgBouncer))(
+    'behind PgBouncer (transaction pooling) migrate refuses without --pooling transaction, naming it, and works with it',
+    async () => {
       const schema = uniqueName('rs_cli_pgb');
-      let bouncer: PgBouncer;
-      beforeAll(async () => {
-        bouncer = await startPgBouncer();
-      });
-      afterAll(async () => {
-        await bouncer?.stop();
+      const bouncer = await startPgBouncer();
+      const pooled = ['--database-url', bouncer.url, '--schema', schema];
+      try {
+        const refused = await cli('migrate', ...pooled);
+        expect(refused.code).toBe(2);
+        expect(refused.stderr).toContain('as PgBouncer in transaction mode does: add --pooling transaction');
+        for (let round = 0; round < 2; round++) {
+          const run = await cli('migrate', ...pooled, '--pooling', 'transaction');
+          expect(run).toMatchObject({ code: 0, stderr: '' });
+          expect(run.stdout).toContain(`migrated "${schema}"."idempotency_keys"`);
+        }
+        const purge = await cli('purge', ...pooled, '--pooling', 'transaction');
+        expect(purge).toMatchObject({ code: 0, stderr: '' });
+        expect(purge.stdout).toMatch(/^purged 0 expired records/);
+      } finally {
+        await bouncer.stop();
         const admin = new pg.Client({ connectionString: PG_URL });
         await admin.connect();
         await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
         await admin.end();
-      });
-
-      it('migrate refuses the pooler without --pooling transaction, naming it, and works with it', async () => {
-        const refused = await cli('migrate', '--database-url', bouncer.url, '--schema', schema);
-        expect(refused.code).toBe(2);
-        expect(refused.stderr).toContain('as PgBouncer in transaction mode does: add --pooling transaction');
-        for (let round = 0; round < 2; round++) {
-          const run = await cli(
-            'migrate',
-            '--database-url',
-            bouncer.url,
-            '--schema',
-            schema,
-            '--pooling',
-            'transaction',
-          );
-          expect(run).toMatchObject({ code: 0, stderr: '' });
-          expect(run.stdout).toContain(`migrated "${schema}"."idempotency_keys"`);
-        }
-        const purge = await cli(
-          'purge',
-          '--database-url',
-          bouncer.url,
-          '--schema',
-          schema,
-          '--pooling',
-          'transaction',
-        );
-        expect(purge).toMatchObject({ code: 0, stderr: '' });
-        expect(purge.stdout).toMatch(/^purged 0 expired records/);
-      });
-
-      it('refuses a --pooling other than session or transaction, and --pooling on another store', async () => {
-        const bad = await cli('migrate', '--database-url', PG_URL, '--pooling', 'statement');
-        expect(bad.code).toBe(2);
-        expect(bad.stderr).toContain('--pooling must be session or transaction');
-        const elsewhere = await cli('keys', 'list', '--redis-url', REDIS_URL, '--pooling', 'transaction');
-        expect(elsewhere.code).toBe(2);
-        expect(elsewhere.stderr).toContain('--pooling applies to PostgreSQL only');
-      });
+      }
     },
   );
+
+  it('refuses a --pooling other than session or transaction, and --pooling on another store', async () => {
+    const bad = await cli('migrate', '--database-url', PG_URL, '--pooling', 'statement');
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--pooling must be session or transaction');
+    const elsewhere = await cli('keys', 'list', '--redis-url', REDIS_URL, '--pooling', 'transaction');
+    expect(elsewhere.code).toBe(2);
+    expect(elsewhere.stderr).toContain('--pooling applies to PostgreSQL only');
+  });
 
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
     it('migrate creates the table, can run again, and keys and purge then work on it', async () => {

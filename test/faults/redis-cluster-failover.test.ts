@@ -115,7 +115,7 @@ async function killMasterUnderLoad(
     // the master answers meanwhile reach no replica; the kill lands inside that gap. (The
     // password dies with the process: the restarted node has none.)
     await victim.config('SET', 'requirepass', 'replication-gap');
-    await victim.client('KILL', 'TYPE', 'replica');
+    await victim.call('CLIENT', 'KILL', 'TYPE', 'replica');
     const atGap = acquired.length;
     const gapOpened = performance.now();
     while (acquired.length < atGap + CLAIMS_IN_GAP && performance.now() - gapOpened < GAP_MS) await sleep(2);
