@@ -21,6 +21,7 @@ import { mysqlStore } from '../src/stores/mysql.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
+import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import {
   clusterClient,
   deleteClusterKeys,
@@ -299,6 +300,43 @@ describe('retrysafe CLI', () => {
       const { rows: left } = await admin.query(`SELECT key FROM "${schema}".keys ORDER BY key`);
       expect(left.map((r) => r.key)).toEqual(['new-0', 'new-1', 'new-2']);
     });
+  });
+
+  it.skipIf(!(hasPostgres && hasPgBouncer))(
+    'behind PgBouncer (transaction pooling) migrate refuses without --pooling transaction, naming it, and works with it',
+    async () => {
+      const schema = uniqueName('rs_cli_pgb');
+      const bouncer = await startPgBouncer();
+      const pooled = ['--database-url', bouncer.url, '--schema', schema];
+      try {
+        const refused = await cli('migrate', ...pooled);
+        expect(refused.code).toBe(2);
+        expect(refused.stderr).toContain('as PgBouncer in transaction mode does: add --pooling transaction');
+        for (let round = 0; round < 2; round++) {
+          const run = await cli('migrate', ...pooled, '--pooling', 'transaction');
+          expect(run).toMatchObject({ code: 0, stderr: '' });
+          expect(run.stdout).toContain(`migrated "${schema}"."idempotency_keys"`);
+        }
+        const purge = await cli('purge', ...pooled, '--pooling', 'transaction');
+        expect(purge).toMatchObject({ code: 0, stderr: '' });
+        expect(purge.stdout).toMatch(/^purged 0 expired records/);
+      } finally {
+        await bouncer.stop();
+        const admin = new pg.Client({ connectionString: PG_URL });
+        await admin.connect();
+        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await admin.end();
+      }
+    },
+  );
+
+  it('refuses a --pooling other than session or transaction, and --pooling on another store', async () => {
+    const bad = await cli('migrate', '--database-url', PG_URL, '--pooling', 'statement');
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--pooling must be session or transaction');
+    const elsewhere = await cli('keys', 'list', '--redis-url', REDIS_URL, '--pooling', 'transaction');
+    expect(elsewhere.code).toBe(2);
+    expect(elsewhere.stderr).toContain('--pooling applies to PostgreSQL only');
   });
 
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
@@ -585,6 +623,28 @@ describe('retrysafe keys', () => {
       };
     });
   });
+
+  describe.skipIf(!(hasPostgres && hasPgBouncer))(
+    'on PostgreSQL behind PgBouncer (--pooling transaction)',
+    () => {
+      let bouncer: PgBouncer;
+      describeKeysCommands(async () => {
+        bouncer = await startPgBouncer();
+        const schema = uniqueName('rs_cli_keys_pgb');
+        return {
+          args: ['--database-url', bouncer.url, '--schema', schema, '--pooling', 'transaction'],
+          store: postgresStore({ connectionString: PG_URL, schema, migrate: true }),
+          async cleanup() {
+            await bouncer.stop();
+            const admin = new pg.Client({ connectionString: PG_URL });
+            await admin.connect();
+            await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+            await admin.end();
+          },
+        };
+      });
+    },
+  );
 
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
     describeKeysCommands(async () => {

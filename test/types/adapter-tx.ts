@@ -36,7 +36,7 @@ import {
 } from '../../src/adapters/nestjs.js';
 import { type NodeIdempotencyOptions, idempotency as nodeIdempotency } from '../../src/adapters/node.js';
 import type { AtomicStore, IdempotencyStore } from '../../src/core/index.js';
-import { postgresStore } from '../../src/stores/postgres.js';
+import { postgresStore } from '../../src/stores/postgres/index.js';
 
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 function assertType<T extends true>(_: T): void {}
