@@ -3,7 +3,7 @@ import { idempotent } from 'retrysafe';
 import { databaseUnavailable, sendJson as send } from './respond.js';
 
 /** Jobs one claim of the outbox takes; each is a few milliseconds. */
-const BATCH = 20;
+const BATCH = 10;
 /** How often a desk looks in the outbox for jobs nobody nudged it about (another desk's, a dead one's). */
 const POLL_MS = 250;
 const QUEUE = 'receipts';
