@@ -13,6 +13,30 @@ const FLOOR = join(import.meta.dirname, '..', 'bench', 'servers', 'floor.js');
 const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
 const DUPLICATES = 20;
 
+/** A POST with an Idempotency-Key: its status and the text of its body. */
+async function post(url: string, key: string, body: object, path = '/loans') {
+  const response = await fetch(`${url}${path}`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'idempotency-key': key },
+    body: JSON.stringify(body),
+  });
+  return { status: response.status, body: await response.text() };
+}
+
+/** A loan floor's guarantee, whatever its database: `loans()` counts the loan rows. */
+async function expectOneLoanPerKey(url: string, loans: () => Promise<number>) {
+  const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post(url, 'same-key', LOAN)));
+  expect(new Set(answers.map((answer) => `${answer.status} ${answer.body}`)).size).toBe(1);
+  expect(answers[0]!.status).toBe(201);
+  expect(await loans()).toBe(1);
+
+  expect((await post(url, 'same-key', { ...LOAN, isbn: 'K-02' })).status).toBe(409);
+  const missing = await post(url, 'other-key', { ...LOAN, member: 'U-0000' });
+  expect(missing.status).toBe(422);
+  expect(await post(url, 'other-key', { ...LOAN, member: 'U-0000' })).toEqual(missing);
+  expect(await loans()).toBe(1);
+}
+
 describe.skipIf(!hasPostgres).each(['postgres', 'postgres-3rt'])('bench floor FLOOR=%s', (floor) => {
   const schema = uniqueName('rs_floor');
   let server: { url: string; stop(): Promise<void> } | undefined;
@@ -21,15 +45,6 @@ describe.skipIf(!hasPostgres).each(['postgres', 'postgres-3rt'])('bench floor FL
     await server?.stop();
     await dropSchemas(schema);
   });
-
-  const post = async (key: string, body: object) => {
-    const response = await fetch(`${server!.url}/loans`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'idempotency-key': key },
-      body: JSON.stringify(body),
-    });
-    return { status: response.status, body: await response.text() };
-  };
 
   it('lends once for concurrent duplicates and answers each with the same response', async () => {
     const admin = new pg.Client({ connectionString: PG_URL });
@@ -40,18 +55,10 @@ describe.skipIf(!hasPostgres).each(['postgres', 'postgres-3rt'])('bench floor FL
       const url = new URL(PG_URL);
       url.searchParams.set('schema', schema);
       server = await startServer(FLOOR, { env: { FLOOR: floor, DATABASE_URL: url.toString() } });
-
-      const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post('same-key', LOAN)));
-      expect(new Set(answers.map((answer) => `${answer.status} ${answer.body}`)).size).toBe(1);
-      expect(answers[0]!.status).toBe(201);
-      const loans = await admin.query(`SELECT count(*)::int AS n FROM "${schema}".loan`);
-      expect(loans.rows[0].n).toBe(1);
-
-      expect((await post('same-key', { ...LOAN, isbn: 'K-02' })).status).toBe(409);
-      const missing = await post('other-key', { ...LOAN, member: 'U-0000' });
-      expect(missing.status).toBe(422);
-      expect(await post('other-key', { ...LOAN, member: 'U-0000' })).toEqual(missing);
-      expect((await admin.query(`SELECT count(*)::int AS n FROM "${schema}".loan`)).rows[0].n).toBe(1);
+      await expectOneLoanPerKey(
+        server.url,
+        async () => (await admin.query(`SELECT count(*)::int AS n FROM "${schema}".loan`)).rows[0].n,
+      );
     } finally {
       await admin.end();
     }
@@ -68,22 +75,15 @@ describe('bench fines floor', () => {
       env: { DATABASE_URL: tempDatabaseUrl('fines-floor'), PROVIDER_URL: provider.url },
     });
     try {
-      const post = async (body: object) => {
-        const response = await fetch(`${floor.url}/fines`, {
-          method: 'POST',
-          headers: { 'content-type': 'application/json', 'idempotency-key': 'floor-fine-1' },
-          body: JSON.stringify(body),
-        });
-        return { status: response.status, body: await response.text() };
-      };
+      const pay = (body: object) => post(floor.url, 'floor-fine-1', body, '/fines');
       const fine = { member: 'U-1001', amount: 500 };
-      const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post(fine)));
+      const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => pay(fine)));
       const paid = answers.filter((answer) => answer.status === 201);
       expect(paid.length + answers.filter((answer) => answer.status === 409).length).toBe(DUPLICATES);
       expect(new Set(paid.map((answer) => answer.body)).size).toBe(1);
-      const { id } = JSON.parse((await post(fine)).body);
+      const { id } = JSON.parse((await pay(fine)).body);
       expect(await chargesFor(provider, id)).toHaveLength(1);
-      expect((await post({ ...fine, amount: 501 })).status).toBe(409);
+      expect((await pay({ ...fine, amount: 501 })).status).toBe(409);
     } finally {
       await floor.stop();
       await provider.close();
@@ -103,15 +103,6 @@ describe.skipIf(!hasMysql)('bench floor FLOOR=mysql', () => {
     await admin.end();
   });
 
-  const post = async (key: string, body: object) => {
-    const response = await fetch(`${server!.url}/loans`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'idempotency-key': key },
-      body: JSON.stringify(body),
-    });
-    return { status: response.status, body: await response.text() };
-  };
-
   it('lends once for concurrent duplicates and answers each with the same response', async () => {
     const { startServer } = await import('../bench/lib/proc.js');
     server = await startServer(FLOOR, { env: { FLOOR: 'mysql', DATABASE_URL: url.toString() } });
@@ -124,14 +115,6 @@ describe.skipIf(!hasMysql)('bench floor FLOOR=mysql', () => {
         await connection.end();
       }
     };
-    const answers = await Promise.all(Array.from({ length: DUPLICATES }, () => post('same-key', LOAN)));
-    expect(new Set(answers.map((answer) => `${answer.status} ${answer.body}`)).size).toBe(1);
-    expect(answers[0]!.status).toBe(201);
-    expect(await loans()).toBe(1);
-    expect((await post('same-key', { ...LOAN, isbn: 'K-02' })).status).toBe(409);
-    const missing = await post('other-key', { ...LOAN, member: 'U-0000' });
-    expect(missing.status).toBe(422);
-    expect(await post('other-key', { ...LOAN, member: 'U-0000' })).toEqual(missing);
-    expect(await loans()).toBe(1);
+    await expectOneLoanPerKey(server.url, loans);
   });
 });

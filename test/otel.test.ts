@@ -42,6 +42,14 @@ function telemetry() {
           ?.scopeMetrics.flatMap((scope) => scope.metrics) ?? [];
       return (metrics.find((metric) => metric.descriptor.name === name)?.dataPoints ?? []) as DataPoint<T>[];
     },
+    /** Each finished span's name and attributes, and the outcome counter's points, in order. */
+    async spansAndOutcomes() {
+      const outcomes = (await this.points('idempotency.outcomes')).map((p) => [
+        p.attributes['idempotency.outcome'],
+        p.value,
+      ]);
+      return { spans: spans.getFinishedSpans().map((s) => [s.name, s.attributes]), outcomes };
+    },
   };
 }
 
@@ -180,18 +188,16 @@ describe('retrysafe/otel', () => {
         span.end();
       });
     }
-    expect(sdk.spans.getFinishedSpans().map((s) => [s.name, s.attributes])).toEqual([
-      ['first', { 'idempotency.outcome': 'executed', 'idempotency.key': 'order-9' }],
-      ['retry', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'order-9' }],
-    ]);
-    const counted = (await sdk.points('idempotency.outcomes')).map((p) => [
-      p.attributes['idempotency.outcome'],
-      p.value,
-    ]);
-    expect(counted).toEqual([
-      ['executed', 1],
-      ['replayed', 1],
-    ]);
+    expect(await sdk.spansAndOutcomes()).toEqual({
+      spans: [
+        ['first', { 'idempotency.outcome': 'executed', 'idempotency.key': 'order-9' }],
+        ['retry', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'order-9' }],
+      ],
+      outcomes: [
+        ['executed', 1],
+        ['replayed', 1],
+      ],
+    });
   });
 
   it("through idempotent(): each delivery marks its consumer's span, the counter sees both outcomes", async () => {
@@ -202,18 +208,16 @@ describe('retrysafe/otel', () => {
         span.end();
       });
     }
-    expect(sdk.spans.getFinishedSpans().map((s) => [s.name, s.attributes])).toEqual([
-      ['delivery', { 'idempotency.outcome': 'executed', 'idempotency.key': 'job-7' }],
-      ['redelivery', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'job-7' }],
-    ]);
-    const counted = (await sdk.points('idempotency.outcomes')).map((p) => [
-      p.attributes['idempotency.outcome'],
-      p.value,
-    ]);
-    expect(counted).toEqual([
-      ['executed', 1],
-      ['replayed', 1],
-    ]);
+    expect(await sdk.spansAndOutcomes()).toEqual({
+      spans: [
+        ['delivery', { 'idempotency.outcome': 'executed', 'idempotency.key': 'job-7' }],
+        ['redelivery', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'job-7' }],
+      ],
+      outcomes: [
+        ['executed', 1],
+        ['replayed', 1],
+      ],
+    });
     expect((await sdk.points<Histogram>('idempotency.handler.duration'))[0]?.value.count).toBe(1);
   });
 

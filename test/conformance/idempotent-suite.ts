@@ -1,7 +1,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import fc from 'fast-check';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it } from 'vitest';
 import {
   type IdempotencyEvent,
   type IdempotencyStore,
@@ -10,7 +10,7 @@ import {
   isAtomicStore,
 } from '../../src/core/index.js';
 import { signal } from '../support/signal.js';
-import type { AtomicProbe, StoreUnderTest } from './store-suite.js';
+import { type AtomicProbe, type StoreUnderTest, useStoreUnderTest } from './store-suite.js';
 
 /** The code of what `promise` rejected with (it must reject). */
 async function codeOf(promise: Promise<unknown>): Promise<string> {
@@ -46,13 +46,9 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
   describe(`idempotent(): ${name}`, () => {
     let subject: StoreUnderTest;
     let store: IdempotencyStore;
-    beforeAll(async () => {
-      subject = await setup();
-      store = subject.store;
-    });
-    afterAll(async () => {
-      await subject?.store.close();
-      await subject?.cleanup?.();
+    useStoreUnderTest(setup, (opened) => {
+      subject = opened;
+      store = opened.store;
     });
 
     type Input = { id: string; data?: unknown; attempt?: number };

@@ -46,6 +46,25 @@ export interface StoreUnderTest {
 }
 
 /**
+ * Opens the store under test before a suite's tests (handing it to `opened`) and, after them,
+ * closes it and drops what it made.
+ */
+export function useStoreUnderTest(
+  setup: () => Promise<StoreUnderTest>,
+  opened: (subject: StoreUnderTest) => void,
+): void {
+  let subject: StoreUnderTest | undefined;
+  beforeAll(async () => {
+    subject = await setup();
+    opened(subject);
+  });
+  afterAll(async () => {
+    await subject?.store.close();
+    await subject?.cleanup?.();
+  });
+}
+
+/**
  * The contract every store passes (src/core/contract/store.ts), written once and run per store.
  *
  * The store from `setup` is shared by every test here; each test uses fresh random scopes and keys,
@@ -65,15 +84,9 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
   describe(`store conformance: ${name}`, () => {
     let subject: StoreUnderTest;
     let store: IdempotencyStore;
-
-    beforeAll(async () => {
-      subject = await setup();
-      store = subject.store;
-    });
-
-    afterAll(async () => {
-      await subject?.store.close();
-      await subject?.cleanup?.();
+    useStoreUnderTest(setup, (opened) => {
+      subject = opened;
+      store = opened.store;
     });
 
     const LONG = { leaseMs: 30_000, ttlMs: 60_000 };
