@@ -120,6 +120,45 @@ const sqliteRows = (file: string) => async () => {
   }
 };
 
+describe('GET /loans/:id/receipt', () => {
+  it('404 for no such loan, 202 pending with Retry-After while its job runs, then 200 with the receipt', async () => {
+    // The job pauses 3 s before it writes the receipt: the first GET finds it pending.
+    const desk = await startLoanDesk({ env: { RECEIPT_DELAY_MS: '3000' } });
+    try {
+      expect((await getJson(desk.baseUrl, '/loans/999/receipt')).body).toEqual({ error: 'loan_not_found' });
+      expect((await getJson(desk.baseUrl, '/loans/x/receipt')).status).toBe(404);
+      const loan = { member: 'U-1003', isbn: 'K-04', issuedAt: '2026-05-01' };
+      const { body: made } = await postLoan(desk.baseUrl, loan);
+      const pending = await getJson(desk.baseUrl, `/loans/${made.id}/receipt`);
+      expect(pending.status).toBe(202);
+      expect(pending.headers.get('retry-after')).toBe('1');
+      expect(pending.body).toEqual({ status: 'pending', loanId: made.id, attempts: 1 });
+      await vi.waitFor(
+        async () => expect((await getJson(desk.baseUrl, `/loans/${made.id}/receipt`)).status).toBe(200),
+        WAIT,
+      );
+      const { body: receipt } = await getJson(desk.baseUrl, `/loans/${made.id}/receipt`);
+      expect(receipt).toEqual({
+        loanId: made.id,
+        ...loan,
+        sentAt: expect.stringMatching(/^\d{4}-\d{2}-\d{2}T/),
+        delivery: 1,
+        sentBy: expect.any(Number),
+      });
+      const post = await fetch(`${desk.baseUrl}/loans/${made.id}/receipt`, { method: 'POST' });
+      expect([post.status, post.headers.get('allow')]).toEqual([405, 'GET, HEAD']);
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  });
+
+  it('REDIS_URL that is not a redis:// URL stops the start, naming it', async () => {
+    await expect(startLoanDesk({ env: { REDIS_URL: 'http://127.0.0.1:6379' } })).rejects.toThrow(
+      /REDIS_URL="http:\/\/127\.0\.0\.1:6379" is invalid: expected a redis:\/\/ URL/,
+    );
+  });
+});
+
 describe('loan desk receipts with workers SIGKILLed mid-job', () => {
   it('SQLite outbox: every loan gets exactly one receipt', { timeout: 180_000 }, async () => {
     const file = tempDatabaseUrl('receipts');
