@@ -25,17 +25,28 @@ const QUEUE = 'receipts';
  * only) pauses before the receipt is written and again before the job is marked done, so a
  * SIGKILL lands mid-job. Answers `nudge()` (a loan was just made here) and `stop()`.
  */
-export async function startReceipts({ database, store, mode, leaseMs, receipts, logger, onEvent }) {
+export async function startReceipts({
+  database,
+  store,
+  mode,
+  ttlMs,
+  leaseMs,
+  encryptionKeys,
+  receipts,
+  logger,
+}) {
   const { delayMs, redis } = receipts;
   const send = idempotent({
     store,
     mode,
+    ttl: ttlMs,
     lease: leaseMs,
     scope: 'receipts',
     key: (job) => `loan-${job.loanId}`,
     // The delivery number changes between deliveries of one job; the loan does not.
     fingerprint: (job) => ({ loanId: job.loanId }),
-    onEvent,
+    // Saved receipts name the member: encrypted as the loans' answers are.
+    encryptionKey: encryptionKeys,
   });
 
   /** Sends `job`'s receipt (`{ loanId, delivery }`), or returns the one a delivery before sent. */
@@ -134,13 +145,20 @@ function outboxLoop(database, leaseMs, handle, logger) {
  */
 async function bullQueue(redis, sendReceipt, leaseMs, logger) {
   const { Queue, Worker } = await import('bullmq');
-  const connection = { url: redis.url, maxRetriesPerRequest: null };
-  const options = { connection, prefix: redis.prefix };
-  const queue = new Queue(QUEUE, options);
+  const { url, prefix } = redis;
+  // Adding fails at once while Redis is down (the outbox job stays and is claimed again after its
+  // lease); the worker's blocking reads wait for Redis instead, as BullMQ requires.
+  const queue = new Queue(QUEUE, { connection: { url, enableOfflineQueue: false }, prefix });
   const worker = new Worker(
     QUEUE,
     (job) => sendReceipt({ loanId: job.data.loanId, delivery: job.attemptsStarted }),
-    { ...options, lockDuration: leaseMs, stalledInterval: leaseMs, maxStalledCount: 1000 },
+    {
+      connection: { url, maxRetriesPerRequest: null },
+      prefix,
+      lockDuration: leaseMs,
+      stalledInterval: leaseMs,
+      maxStalledCount: 1000,
+    },
   );
   worker.on('error', (error) => logger.warn({ err: error }, 'receipt worker: Redis'));
   queue.on('error', (error) => logger.warn({ err: error }, 'receipt queue: Redis'));
@@ -157,10 +175,8 @@ async function bullQueue(redis, sendReceipt, leaseMs, logger) {
           removeOnComplete: { age: 86_400 },
         },
       ),
-    async close() {
-      await worker.close();
-      await queue.close();
-    },
+    // A worker stopping with Redis down cannot finish its job's bookkeeping: it is stalled, and delivered again.
+    close: () => Promise.all([worker.close(true), queue.close()]),
   };
 }
 
