@@ -122,6 +122,48 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     }
   });
 
+  it('answers an atomic replay after one round trip, its transaction left clean for the next user', async () => {
+    const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
+    const own = postgresStore({ pool, schema });
+    const work = async () => ({ response: response('once'), commit: true });
+    try {
+      expect((await own.atomic(input('one-trip'), work)).outcome).toBe('executed');
+      // The pool's one connection, with its answered queries counted.
+      const client = await pool.connect();
+      const query = client.query.bind(client) as (...args: unknown[]) => Promise<unknown> | undefined;
+      let answered = 0;
+      client.query = ((...args: unknown[]) => {
+        const last = args[args.length - 1];
+        // pool.query passes a callback; the store awaits promises.
+        if (typeof last === 'function') {
+          return query(...args.slice(0, -1), (...results: unknown[]) => {
+            answered++;
+            last(...results);
+          });
+        }
+        const result = query(...args) as Promise<unknown>;
+        result.then(
+          () => answered++,
+          () => answered++,
+        );
+        return result;
+      }) as typeof client.query;
+      client.release();
+      const replay = await own.atomic(input('one-trip'), work);
+      expect(replay.outcome).toBe('replay');
+      expect(answered).toBe(1);
+      // Outside a transaction every statement is one of its own.
+      const { rows } = await pool.query(
+        'SELECT xact_start = query_start AS own FROM pg_stat_activity WHERE pid = pg_backend_pid()',
+      );
+      expect(rows).toEqual([{ own: true }]);
+      expect(answered).toBe(3);
+    } finally {
+      await own.close();
+      await pool.end();
+    }
+  });
+
   // What a transaction-mode pooler does: the next transaction lands on a server connection that
   // never saw our SQL-level PREPARE (protocol-level statements it keeps; pg cannot recover those).
   it('prepares its atomic statements again when the connection lost them', async () => {

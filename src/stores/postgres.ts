@@ -183,6 +183,14 @@ function withValues(statement: TypedStatement, values: readonly SqlValue[], prep
   });
 }
 
+/** Whether every one of `statements` is prepared on `client` already (no turn spent asking). */
+function preparedAll(client: pg.PoolClient, statements: readonly Statement[]): boolean {
+  const names = preparedOn.get(client);
+  if (names === undefined) return false;
+  for (const { name } of statements) if (!names.has(name)) return false;
+  return true;
+}
+
 /**
  * Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run
  * them. Preparing waits on a lock of the table like the statement itself would, so it is bounded
@@ -798,7 +806,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
       const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
       const claimMs = timerMs(waitMs + timeoutMs);
-      if (!transactionPooling) await own(() => prepare(client, ATOMIC_STATEMENTS, timeoutMs), client);
+      if (!transactionPooling && !preparedAll(client, ATOMIC_STATEMENTS)) {
+        await own(() => prepare(client, ATOMIC_STATEMENTS, timeoutMs), client);
+      }
       // Two bounds on the claim, not on the handler's own queries. A duplicate blocks on the
       // primary key until the original's transaction ends: `waitMs`, then lock_timeout says
       // in_progress. Anything else it waits on (the key table locked, a stuck server) is
@@ -843,7 +853,11 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
       }
       if (claimed.outcome !== 'acquired') {
-        await client.query('ROLLBACK');
+        // The claim wrote nothing: its ROLLBACK is sent and not waited for, so a replay answers
+        // after one round trip, not two. The client goes back to the pool meanwhile; a pg client
+        // runs its queries in order, so whoever takes it next queues behind the ROLLBACK, and a
+        // connection lost in it is dropped by the pool.
+        client.query('ROLLBACK').catch(() => undefined);
         return claimed;
       }
       const result = await work(client);

@@ -1,4 +1,4 @@
-import type { AbandonedRecord, ClaimInput } from '../contract/index.js';
+import type { AbandonedRecord } from '../contract/index.js';
 import { isIdempotencyError } from '../contract/index.js';
 import type { IdempotencyOptions } from '../options/index.js';
 import { resolveOptions } from '../options/index.js';
@@ -15,8 +15,10 @@ import {
   render,
 } from '../response/index.js';
 import type { Idempotency, IdempotencyContext, Outcome, ResumedRequest } from './adapter-contract.js';
-import { claimLoop } from './claim-loop.js';
-import { stepCodec } from './steps.js';
+import { execute, type Prepared } from './claim-loop.js';
+import { runLeased } from './lease-mode.js';
+import { conflictOf, rejected, replayOrError } from './outcomes.js';
+import { claimInput, type Engine, engineState } from './state.js';
 
 const PASS: Outcome = Object.freeze({ kind: 'pass' });
 
@@ -28,115 +30,16 @@ const PASS: Outcome = Object.freeze({ kind: 'pass' });
 export function createIdempotency<Req = unknown, Tx = unknown>(
   options: IdempotencyOptions<Req, Tx>,
 ): Idempotency<Req, Tx> {
-  const config = resolveOptions(options);
-  const { store, mode } = config;
-  const overflow = mode === 'lease' ? 'stream' : 'drop';
-  const { emit, events, guard, runLeased, execute } = claimLoop<Req, Tx>(config);
-  const { rejected, replayOrError, conflictOf } = events;
-  const codec = stepCodec(config.cipher);
-
-  async function handle(
-    request: IncomingRequest<Req>,
-    run: (ctx: IdempotencyContext<Tx>) => Promise<CapturedResponse>,
-  ): Promise<Outcome> {
-    if (!config.methods.has(request.method.toUpperCase())) return PASS;
-    const parsed = parseIdempotencyKey(
-      config.keyOf === undefined ? request.keyHeader : await config.keyOf(request.raw),
-      config.bounds,
-    );
-    if (parsed.ok === 'absent') {
-      if (!config.required) return PASS;
-      return rejected(keyMissing(), 'key_missing');
-    }
-    if (!parsed.ok) return rejected(keyInvalid(parsed.reason), 'key_invalid');
-    const { key } = parsed;
-    let body: RequestBody;
-    try {
-      const read = request.readBody();
-      body = read instanceof Promise ? await read : read;
-    } catch (error) {
-      if (isIdempotencyError(error)) return { kind: 'rejected', error };
-      throw error;
-    }
-    // A parser in front may allow more than we do: what it read is held to our limit too.
-    if ((body instanceof Uint8Array ? body : body.parsed).byteLength > config.maxBodyBytes) {
-      return rejected(bodyTooLarge(config), 'body_too_large');
-    }
-    const scoped = config.scopeOf(request);
-    const claim: ClaimInput = {
-      scope: typeof scoped === 'string' ? scoped : await scoped,
-      key,
-      fingerprint: fingerprint(
-        { method: request.method, path: request.path, contentType: request.contentType, body },
-        config.fingerprintBody,
-      ),
-      leaseMs: config.leaseMs,
-      ttlMs: config.ttlMs,
-      timeoutMs: config.storeTimeoutMs,
-    };
-    return execute(claim, run, request.acceptEncoding, () =>
-      codec.encodeRequest({
-        method: request.method,
-        path: request.path,
-        contentType: request.contentType,
-        body: body instanceof Uint8Array ? body : body.parsed,
-      }),
-    );
-  }
-
-  async function resume(
-    record: AbandonedRecord,
-    run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
-  ): Promise<Outcome | undefined> {
-    let request: ResumedRequest;
-    try {
-      request = codec.decodeRequest(record.request, record.scope, record.key);
-    } catch {
-      return undefined;
-    }
-    const claim: ClaimInput = {
-      scope: record.scope,
-      key: record.key,
-      fingerprint: record.fingerprint,
-      leaseMs: config.leaseMs,
-      ttlMs: config.ttlMs,
-      timeoutMs: config.storeTimeoutMs,
-    };
-    const startMs = performance.now();
-    const result = await guard(store.claim(claim), startMs);
-    const claimedMs = performance.now();
-    switch (result.outcome) {
-      case 'acquired':
-        if (emit) {
-          const { key, scope } = claim;
-          emit({ type: 'resumed', key, scope, finishedSteps: result.steps?.length ?? 0 });
-        }
-        return runLeased(
-          claim,
-          result.token,
-          (ctx) => run(ctx, request),
-          claimedMs - startMs,
-          claimedMs,
-          undefined,
-          result.steps,
-          undefined,
-        );
-      case 'replay':
-        return replayOrError(result.response, claim, claimedMs - startMs, undefined);
-      case 'mismatch':
-        return conflictOf(claim, claimedMs - startMs);
-      case 'in_progress':
-        return { kind: 'rejected', error: inProgress(claim.key, result.retryAfterMs) };
-    }
-  }
-
+  const engine = engineState(resolveOptions(options));
+  const { config, emit } = engine;
+  const overflow = config.mode === 'lease' ? 'stream' : 'drop';
   return {
-    mode,
+    mode: config.mode,
     keyHeader: config.keyHeader,
-    resume,
     maxBodyBytes: config.maxBodyBytes,
     maxResponseBytes: config.maxResponseBytes,
-    handle,
+    resume: (record, run) => resume(engine, record, run),
+    handle: (request, run) => execute(engine, () => prepareRequest(engine, request), run),
     render: (error) => render(config, error),
     answerHeaders: (key) => answerHeaders(config, key),
     // Every adapter makes this error once per oversized request, guarded or not yet known to be.
@@ -147,4 +50,122 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     },
     collect: () => new ResponseCollector(config.maxResponseBytes, overflow, config.storedHeaderNames),
   };
+}
+
+// A request's way to its claim: the key, the body, the scope. Each of them the adapter or an
+// option may answer later (a promise); a request that waits for none is prepared in the same
+// turn, so the claim loop's async call is the only one on the way.
+
+function prepareRequest<Req>(
+  engine: Engine<Req>,
+  request: IncomingRequest<Req>,
+): Prepared | Promise<Prepared> {
+  const { config } = engine;
+  if (!config.methods.has(request.method.toUpperCase())) return PASS;
+  if (config.keyOf === undefined) return withKey(engine, request, request.keyHeader);
+  const header = config.keyOf(request.raw);
+  return header instanceof Promise
+    ? header.then((given) => withKey(engine, request, given))
+    : withKey(engine, request, header);
+}
+
+function withKey<Req>(
+  engine: Engine<Req>,
+  request: IncomingRequest<Req>,
+  header: IncomingRequest['keyHeader'],
+): Prepared | Promise<Prepared> {
+  const { config } = engine;
+  const parsed = parseIdempotencyKey(header, config.bounds);
+  if (parsed.ok === 'absent') return config.required ? rejected(engine, keyMissing(), 'key_missing') : PASS;
+  if (!parsed.ok) return rejected(engine, keyInvalid(parsed.reason), 'key_invalid');
+  let read: RequestBody | Promise<RequestBody>;
+  try {
+    read = request.readBody();
+  } catch (error) {
+    return unreadBody(error);
+  }
+  return read instanceof Promise
+    ? read.then((body) => withBody(engine, request, parsed.key, body), unreadBody)
+    : withBody(engine, request, parsed.key, read);
+}
+
+/** The adapter's own refusal of the body (`bodyTooLarge`) is answered; anything else is thrown. */
+function unreadBody(error: unknown): Prepared {
+  if (isIdempotencyError(error)) return { kind: 'rejected', error };
+  throw error;
+}
+
+function withBody<Req>(
+  engine: Engine<Req>,
+  request: IncomingRequest<Req>,
+  key: string,
+  body: RequestBody,
+): Prepared | Promise<Prepared> {
+  const { config } = engine;
+  const bytes = body instanceof Uint8Array ? body : body.parsed;
+  // A parser in front may allow more than we do: what it read is held to our limit too.
+  if (bytes.byteLength > config.maxBodyBytes) return rejected(engine, bodyTooLarge(config), 'body_too_large');
+  const prepared = (scope: string): Prepared => ({
+    claim: claimInput(
+      engine,
+      scope,
+      key,
+      fingerprint(
+        { method: request.method, path: request.path, contentType: request.contentType, body },
+        config.fingerprintBody,
+      ),
+    ),
+    acceptEncoding: request.acceptEncoding,
+    encodeRequest: () =>
+      engine.codec.encodeRequest({
+        method: request.method,
+        path: request.path,
+        contentType: request.contentType,
+        body: bytes,
+      }),
+  });
+  const scoped = config.scopeOf(request);
+  return typeof scoped === 'string' ? prepared(scoped) : scoped.then(prepared);
+}
+
+async function resume<Req, Tx>(
+  engine: Engine<Req>,
+  record: AbandonedRecord,
+  run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+): Promise<Outcome | undefined> {
+  const { config, emit, guard } = engine;
+  let request: ResumedRequest;
+  try {
+    request = engine.codec.decodeRequest(record.request, record.scope, record.key);
+  } catch {
+    return undefined;
+  }
+  const claim = claimInput(engine, record.scope, record.key, record.fingerprint);
+  const startMs = performance.now();
+  const result = await guard(config.store.claim(claim), startMs);
+  const claimedMs = performance.now();
+  switch (result.outcome) {
+    case 'acquired':
+      if (emit) {
+        const { key, scope } = claim;
+        emit({ type: 'resumed', key, scope, finishedSteps: result.steps?.length ?? 0 });
+      }
+      return runLeased(
+        engine,
+        claim,
+        result.token,
+        (ctx: IdempotencyContext<Tx>) => run(ctx, request),
+        claimedMs - startMs,
+        claimedMs,
+        undefined,
+        result.steps,
+        undefined,
+      );
+    case 'replay':
+      return replayOrError(engine, result.response, claim, claimedMs - startMs, undefined);
+    case 'mismatch':
+      return conflictOf(engine, claim, claimedMs - startMs);
+    case 'in_progress':
+      return { kind: 'rejected', error: inProgress(claim.key, result.retryAfterMs) };
+  }
 }

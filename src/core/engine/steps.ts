@@ -1,64 +1,49 @@
+import { createHash } from 'node:crypto';
 import {
   type ClaimInput,
   ConfigError,
-  type IdempotencyEventListener,
-  type IdempotencyStore,
   isPhaseStore,
   type SavedStep,
   StepFencedError,
 } from '../contract/index.js';
-import type { BodyCipher } from '../response/index.js';
-import type { ResumedRequest } from './adapter-contract.js';
-import type { deadlineGuard } from './deadline.js';
+import type { IdempotencyContext } from './adapter-contract.js';
+import type { Engine } from './state.js';
 
-/** What marks a value sealed with `encryptionKey`; anything else is JSON text. */
-const SEALED = 'sealed:';
 const MAX_STEP_NAME_LENGTH = 200;
 
-/** Step results and saved requests as the store keeps them: JSON text, sealed when a key is set. */
-export function stepCodec(cipher: BodyCipher | undefined) {
-  const seal = (text: string) =>
-    cipher ? SEALED + Buffer.from(cipher.seal(Buffer.from(text, 'utf8'))).toString('base64') : text;
-  const open = (stored: string) =>
-    stored.startsWith(SEALED)
-      ? Buffer.from(cipher!.open(Buffer.from(stored.slice(SEALED.length), 'base64'))).toString('utf8')
-      : stored;
+/** How a context runs steps: lease mode saves each one (`leasedSteps`); atomic mode commits all at once. */
+export type StepMethods<Tx> = Pick<IdempotencyContext<Tx>, 'step' | 'phase'>;
+
+/** What the handler is told about its request; `tx` is the atomic store's transaction. */
+export function handlerContext<Tx>(
+  claim: ClaimInput,
+  tx: Tx | undefined,
+  steps: StepMethods<Tx>,
+): IdempotencyContext<Tx> {
+  const downstreamKey = (purpose: string) =>
+    createHash('sha256').update(`${claim.scope}\n${claim.key}\n${purpose}`).digest('base64url');
   return {
-    /** `undefined` is kept as `''`: JSON has no text for it. */
-    encodeValue: (value: unknown) => seal(value === undefined ? '' : JSON.stringify(value)),
-    decodeValue: (stored: string): unknown => {
-      const text = open(stored);
-      return text === '' ? undefined : JSON.parse(text);
-    },
-    encodeRequest: (request: Omit<ResumedRequest, 'scope' | 'key'>) =>
-      seal(
-        JSON.stringify({
-          method: request.method,
-          path: request.path,
-          contentType: request.contentType ?? null,
-          body: Buffer.from(request.body).toString('base64'),
-        }),
-      ),
-    decodeRequest: (stored: string, scope: string, key: string): ResumedRequest => {
-      const saved = JSON.parse(open(stored)) as {
-        method: string;
-        path: string;
-        contentType: string | null;
-        body: string;
-      };
-      return {
-        method: saved.method,
-        path: saved.path,
-        contentType: saved.contentType ?? undefined,
-        body: Buffer.from(saved.body, 'base64'),
-        scope,
-        key,
-      };
-    },
+    key: claim.key,
+    scope: claim.scope,
+    fingerprint: claim.fingerprint,
+    tx,
+    downstreamKey,
+    step: steps.step,
+    phase: steps.phase,
+    stepKey: (name) => downstreamKey(`step:${name}`),
   };
 }
 
-export type StepCodec = ReturnType<typeof stepCodec>;
+/**
+ * Atomic mode's steps: the whole operation, steps included, commits in one transaction, so a step
+ * is simply run (a phase on that transaction).
+ */
+export function atomicSteps<Tx>(tx: Tx): StepMethods<Tx> {
+  return {
+    step: async (_name, fn) => fn(),
+    phase: async (_name, fn) => fn(tx),
+  };
+}
 
 function checkName(name: unknown): asserts name is string {
   if (typeof name !== 'string' || name === '' || name.length > MAX_STEP_NAME_LENGTH) {
@@ -73,11 +58,8 @@ function checkName(name: unknown): asserts name is string {
  * `token`; answers finished ones (a takeover's) from their saved results. `request` is saved with
  * the operation's first step, for the completer.
  */
-export function leasedSteps<Tx>(
-  store: IdempotencyStore,
-  codec: StepCodec,
-  guard: ReturnType<typeof deadlineGuard>,
-  emit: IdempotencyEventListener | undefined,
+export function leasedSteps<Req, Tx>(
+  { config: { store }, codec, guard, emit }: Engine<Req>,
   claim: ClaimInput,
   token: string,
   finished: readonly SavedStep[] | undefined,

@@ -1,11 +1,13 @@
-import type {
-  AtomicStore,
-  ClaimInput,
-  IdempotencyEventListener,
-  IdempotencyStore,
-} from '../contract/index.js';
+import type { AtomicStore, IdempotencyEventListener, IdempotencyStore } from '../contract/index.js';
 import { ConfigError, ErrorCode, IdempotencyError } from '../contract/index.js';
-import { claimLoop, type IdempotencyContext } from '../engine/index.js';
+import {
+  claimInput,
+  engineState,
+  execute,
+  type IdempotencyContext,
+  type Prepared,
+  rejected,
+} from '../engine/index.js';
 import type { Duration } from '../options/index.js';
 import { checkOptions, MAX_KEY_LENGTH, optionNames, resolveOptions } from '../options/index.js';
 import { plainCanonical, sha256, storableScope } from '../request/index.js';
@@ -213,37 +215,36 @@ export function idempotent<Input, Tx = unknown>(
     storeStatus: () => true,
     replayedHeader: false,
   });
-  const { execute, events } = claimLoop<Input, Tx>(config);
+  const engine = engineState(config);
   const fixedScope = typeof scope === 'string' ? storableScope(scope) : undefined;
 
-  /** The claim of `input`, or the error that refuses it before the store is asked. */
-  async function claimOf(input: Input): Promise<ClaimInput> {
+  /** The claim of `input`, or the refusal that answers it before the store is asked. */
+  function prepare(input: Input): Prepared | Promise<Prepared> {
     const key = keyOf(input);
     const badKey = keyProblem(key);
     if (badKey !== undefined) {
-      const outcome = events.rejected(new IdempotencyError(400, ErrorCode.keyInvalid, badKey), 'key_invalid');
-      throw (outcome as { error: IdempotencyError }).error;
+      return rejected(engine, new IdempotencyError(400, ErrorCode.keyInvalid, badKey), 'key_invalid');
     }
     const part = partOf ? partOf(input) : input;
     const problem = jsonProblem(part);
     if (problem !== undefined) {
       const what = partOf ? 'fingerprint(input)' : 'the input (pick its JSON part with `fingerprint`)';
-      throw new IdempotencyError(
+      const error = new IdempotencyError(
         400,
         ErrorCode.inputNotJson,
         `idempotent(): ${what} is not JSON: ${problem.replace('$', 'its value')}; work did not run.`,
         {},
         key,
       );
+      return { kind: 'rejected', error };
     }
-    return {
-      scope: fixedScope ?? storableScope(await (scope as (input: Input) => string | Promise<string>)(input)),
-      key,
-      fingerprint: sha256(`${FINGERPRINT_DOMAIN}${plainCanonical(part) ?? ''}`, 'hex'),
-      leaseMs: config.leaseMs,
-      ttlMs: config.ttlMs,
-      timeoutMs: config.storeTimeoutMs,
-    };
+    const hash = sha256(`${FINGERPRINT_DOMAIN}${plainCanonical(part) ?? ''}`, 'hex');
+    const prepared = (scope: string): Prepared => ({ claim: claimInput(engine, scope, key, hash) });
+    if (fixedScope !== undefined) return prepared(fixedScope);
+    const scoped = (scope as (input: Input) => string | Promise<string>)(input);
+    return scoped instanceof Promise
+      ? scoped.then((given) => prepared(storableScope(given)))
+      : prepared(storableScope(scoped));
   }
 
   /** Work's result as the engine saves it: its JSON text, 204 and no body for `undefined`. */
@@ -265,15 +266,14 @@ export function idempotent<Input, Tx = unknown>(
     input: Input,
     work: (ctx: IdempotencyContext<Tx>) => Result | Promise<Result>,
   ): Promise<Result> {
-    const claim = await claimOf(input);
     let result: Result | undefined;
     const outcome = await execute(
-      claim,
-      async (ctx) => {
+      engine,
+      () => prepare(input),
+      async (ctx: IdempotencyContext<Tx>) => {
         result = await work(ctx);
-        return captured(claim.key, result);
+        return captured(ctx.key, result);
       },
-      undefined,
     );
     if (outcome.kind === 'rejected') throw inRunTerms(outcome.error);
     if (outcome.kind !== 'replayed') return result as Result;
