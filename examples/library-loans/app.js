@@ -9,7 +9,7 @@ import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } f
 import { operations } from './operations.js';
 import { answerReceipt, startReceipts } from './receipts.js';
 import { databaseUnavailable, sendJson as send, sendFound } from './respond.js';
-import { losingMarkedAnswers, webRoutes } from './web.js';
+import { webRoutes } from './web.js';
 
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
 const LOAN_SHAPE = '{"member", "isbn", "issuedAt"}';
@@ -123,7 +123,6 @@ export function loanDesk({
     send(res, 201, { id, member, isbn, issuedAt }, { location: `/loans/${id}` });
   });
 
-  const issueLoan = losingMarkedAnswers(createLoan, settings);
   const web = webRoutes(settings);
   const admin = adminRoutes({ store, ...settings });
 
@@ -133,7 +132,7 @@ export function loanDesk({
     const reading = req.method === 'GET' || req.method === 'HEAD';
     // The hot path, POST /loans, needs no URL parsed; any other target is normalised by URL.
     if (req.url === '/loans' && req.method === 'POST') {
-      return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res, 'the loan');
+      return isJsonBody(req) ? createLoan(req, res) : unsupportedMediaType(res, 'the loan');
     }
     const url = new URL(req.url ?? '/', 'http://loan-desk');
     const { pathname } = url;
@@ -142,7 +141,7 @@ export function loanDesk({
 
     if (pathname === '/loans') {
       if (req.method === 'POST')
-        return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res, 'the loan');
+        return isJsonBody(req) ? createLoan(req, res) : unsupportedMediaType(res, 'the loan');
       return reading ? read(res, () => database.listLoans()) : allow('GET, HEAD, POST');
     }
     const loanPath = /^\/loans\/([^/]+)(\/receipt)?$/.exec(pathname);

@@ -38,10 +38,11 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  * ADMIN_LOOPBACK             1: /admin/keys also answers direct loopback callers without the token
  *                            (never a request with X-Forwarded-For, Forwarded or Via); 0 (default).
  *                            Neither set: the admin API is closed
- * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
- *                            marks), and POST /fines with `Demo-Crash-After: recorded|charged|paid`
- *                            kills the desk (SIGKILL) right after that step is saved; 0 (default):
- *                            both are ignored
+ * DEMO_FAULTS                1 (on a loopback HOST only): the page's lossy-network switch works (a
+ *                            fault proxy in front of the desk loses the answers it marks;
+ *                            fault-front.js), and POST /fines with `Demo-Crash-After:
+ *                            recorded|charged|paid` kills the desk (SIGKILL) right after that step
+ *                            is saved; 0 (default): both are ignored
  * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,
  *                            info (default), debug (one line per idempotency event), trace, silent
  */
@@ -171,9 +172,15 @@ export function readConfig(env = process.env) {
   }
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
+  const host = env.HOST || '127.0.0.1';
+  // The faults let any caller kill the desk; and behind the fault proxy every caller reaches the
+  // desk from loopback, which ADMIN_LOOPBACK trusts.
+  if (demoFaults === '1' && !/^(127\.\d+\.\d+\.\d+|::1|localhost)$/.test(host)) {
+    fail('HOST', 'a loopback address (127.0.0.1, ::1, localhost) with DEMO_FAULTS=1');
+  }
 
   return {
-    host: env.HOST || '127.0.0.1',
+    host,
     port,
     database,
     keys,
