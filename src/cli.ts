@@ -177,7 +177,7 @@ async function openMysql(
   table: string,
 ): Promise<Target> {
   await driver(() => import('mysql2/promise'), 'mysql2');
-  const { mysqlStore } = await import('./stores/mysql.js');
+  const { mysqlStore } = await import('./stores/mysql/index.js');
   const store = mysqlStore({ uri: databaseUrl, table, maxConnections: 1 });
   const label = `\`${table}\` in ${new URL(databaseUrl).pathname.slice(1)}`;
   if (command !== 'migrate') {
@@ -205,7 +205,7 @@ async function migrationSql(databaseUrl: string, schema?: string, table?: string
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
   if (databaseKind(databaseUrl) === 'mysql') {
-    const { mysqlMigrationSql } = await import('./stores/mysql.js');
+    const { mysqlMigrationSql } = await import('./stores/mysql/index.js');
     return mysqlMigrationSql({ table });
   }
   const { sqliteMigrationSql } = await import('./stores/sqlite.js');

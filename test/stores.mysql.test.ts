@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import mysql, { type PoolConnection } from 'mysql2/promise';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AtomicResult, ClaimInput, StoredResponse } from '../src/core/contract/index.js';
-import { type MysqlStore, mysqlMigrationSql, mysqlStore } from '../src/stores/mysql.js';
+import { type MysqlStore, mysqlMigrationSql, mysqlStore } from '../src/stores/mysql/index.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasMysql, mysqlDatabase } from './support/services.js';
 

@@ -14,7 +14,7 @@ import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { mysqlStore } from '../../src/stores/mysql.js';
+import { mysqlStore } from '../../src/stores/mysql/index.js';
 import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
 import { redisStore } from '../../src/stores/redis.js';
 import { sqliteStore } from '../../src/stores/sqlite.js';

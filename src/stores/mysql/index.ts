@@ -17,9 +17,9 @@ import {
   RetrysafeError,
   type SavedStep,
   type StoredResponse,
-} from '../core/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
-import { atomicInFlight } from './in-flight.js';
+} from '../../core/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+import { atomicInFlight } from '../in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -36,8 +36,8 @@ import {
   summaryOf,
   toBuffer,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
 
 /** Options of {@link mysqlStore}: one of `pool` or `uri`. */
 export interface MysqlStoreOptions {
