@@ -31,13 +31,16 @@ import {
   recordId,
   requirePositiveInteger,
   type SummaryRow,
-  sqlIdentifier,
   stepsOf,
   summaryOf,
   toBuffer,
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
+import { identifier, mysqlMigrationSql } from './migrate.js';
+import { NOW_MS, statements } from './statements.js';
+
+export { mysqlMigrationSql };
 
 /** Options of {@link mysqlStore}: one of `pool` or `uri`. */
 export interface MysqlStoreOptions {
@@ -100,9 +103,6 @@ const CLAIM_ATTEMPTS = 4;
  * lease; this is the retry hint it answers with instead.
  */
 const BLOCKED_RETRY_AFTER_MS = 1000;
-// UTC_TIMESTAMP, unlike NOW(), ignores the session's time zone (and its DST gaps); it is fixed
-// for the duration of a statement, so every use in one statement agrees.
-const NOW_MS = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 /** How long an atomic claim may take, pool wait included, when the caller gives no `timeoutMs`. */
 const DEFAULT_ATOMIC_TIMEOUT_MS = 15_000;
 const QUERY_TIMEOUT = 'PROTOCOL_SEQUENCE_TIMEOUT';
@@ -111,57 +111,6 @@ const ER_LOCK_WAIT_TIMEOUT = 'ER_LOCK_WAIT_TIMEOUT';
 const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
 /** A table made before steps existed: `migrate` adds their columns. */
 const ER_BAD_FIELD_ERROR = 'ER_BAD_FIELD_ERROR';
-
-const identifier = (name: string, value: string) => sqlIdentifier('mysqlStore', name, value, 64);
-
-/**
- * The statements `migrate()` runs, in order, on one connection, for a migration tool of your own
- * (`retrysafe migrate --print`). Each is safe to run again. Scope and key are byte strings,
- * compared and ordered byte for byte: the server's default collations would make `Key` and `key `
- * (trailing space) one operation. The last four add the step columns and their index to a table
- * made by an older release (MySQL has no `ADD COLUMN IF NOT EXISTS`, so the `ALTER TABLE` is
- * prepared only when `information_schema` lacks the `steps` column).
- * @example
- * ```ts
- * import { mysqlMigrationSql } from 'retrysafe/mysql';
- * await fs.writeFile('migrations/0001_idempotency.sql', mysqlMigrationSql().join(';\n') + ';\n');
- * ```
- */
-export function mysqlMigrationSql(options: { table?: string } = {}): string[] {
-  const table = identifier('table', options.table ?? 'idempotency_keys');
-  return [
-    `CREATE TABLE IF NOT EXISTS \`${table}\` (
-  scope varbinary(1024) NOT NULL,
-  \`key\` varbinary(1024) NOT NULL,
-  fingerprint varchar(255) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-  token char(36) CHARACTER SET ascii COLLATE ascii_bin NOT NULL,
-  lease_until_ms bigint NOT NULL,
-  created_at_ms bigint NOT NULL,
-  expires_at_ms bigint NOT NULL,
-  completed_at_ms bigint NULL,
-  status int NULL,
-  headers longtext NULL,
-  body longblob NULL,
-  steps longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-  request longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-  PRIMARY KEY (scope, \`key\`),
-  INDEX \`${table}_expires_at_ms\` (expires_at_ms),
-  INDEX \`${table}_abandoned\` (completed_at_ms, lease_until_ms)
-) ENGINE=InnoDB`,
-    // Steps came in a later release: a table made before lacks their columns and index.
-    `SET @retrysafe_migrate = IF(
-  (SELECT COUNT(*) FROM information_schema.COLUMNS
-    WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '${table}' AND COLUMN_NAME = 'steps') = 0,
-  'ALTER TABLE \`${table}\`
-    ADD COLUMN steps longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    ADD COLUMN request longtext CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NULL,
-    ADD INDEX \`${table}_abandoned\` (completed_at_ms, lease_until_ms)',
-  'DO 0')`,
-    'PREPARE retrysafe_migrate FROM @retrysafe_migrate',
-    'EXECUTE retrysafe_migrate',
-    'DEALLOCATE PREPARE retrysafe_migrate',
-  ];
-}
 
 interface RecordRow extends RowDataPacket {
   token: string;
@@ -243,76 +192,21 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     });
   const t = `\`${table}\``;
 
-  // The update takes the record over when its retention has passed (a new operation) or when it
-  // is in progress with a passed lease and the same fingerprint (a retry taking over a dead
-  // owner). InnoDB evaluates it on the latest committed row under that row's exclusive lock, so
-  // of concurrent claims exactly one writes its token. MySQL assigns left to right, seeing the
-  // columns already assigned, and MariaDB's SIMULTANEOUS_ASSIGNMENT sees the old ones: the test
-  // `token = :token OR <condition>` is true after the takeover's first assignment under both.
-  // Steps and request come first, before any column they test is assigned: a takeover of a passed
-  // lease keeps them (the retry resumes the operation), one of a passed retention (a new
-  // operation) drops them.
-  const TAKE = `(token = :token OR expires_at_ms <= ${NOW_MS}
-    OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND fingerprint = :fingerprint))`;
-  const CLAIM = `INSERT INTO ${t} (scope, \`key\`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-    VALUES (:scope, :key, :fingerprint, :token, ${NOW_MS} + :leaseMs, ${NOW_MS} + LAST_INSERT_ID(0),
-      ${NOW_MS} + :retainMs)
-    ON DUPLICATE KEY UPDATE
-      steps = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, NULL, steps), steps),
-      request = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, NULL, request), request),
-      token = IF(${TAKE}, :token, token),
-      fingerprint = IF(${TAKE}, :fingerprint, fingerprint),
-      lease_until_ms = IF(${TAKE}, ${NOW_MS} + :leaseMs, lease_until_ms),
-      created_at_ms = IF(${TAKE}, ${NOW_MS}, created_at_ms) + LAST_INSERT_ID(1) - 1,
-      expires_at_ms = IF(${TAKE}, ${NOW_MS} + :retainMs, expires_at_ms),
-      status = IF(${TAKE}, NULL, status),
-      headers = IF(${TAKE}, NULL, headers),
-      body = IF(${TAKE}, NULL, body),
-      completed_at_ms = IF(${TAKE}, NULL, completed_at_ms)`;
-  // The claim's insertId says which way it went (MySQL's LAST_INSERT_ID(expr) idiom, the table
-  // has no AUTO_INCREMENT): 0 when it inserted a new row, ours, so nothing need be read back; 1
-  // when it met a row, which RECORD then reads.
-  // What the claim met, read after it. The claim decided; this only reports: `token` says
-  // whether ours was written (an insert answers 1 row, as does an untouched row under mysql2's
-  // default FOUND_ROWS flag, so the count alone cannot tell).
-  const RECORD = `SELECT token, fingerprint, completed_at_ms IS NOT NULL AS completed,
-      lease_until_ms - ${NOW_MS} AS lease_left_ms,
-      (expires_at_ms <= ${NOW_MS} OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS}
-        AND fingerprint = :fingerprint)) AS claimable,
-      status, headers, body, steps
-    FROM ${t} WHERE scope = :scope AND \`key\` = :key`;
-  const LIVE = `scope = :scope AND \`key\` = :key AND expires_at_ms > ${NOW_MS}`;
-  const OWNED = `${LIVE} AND token = :token AND completed_at_ms IS NULL`;
-  const COMPLETE = `UPDATE ${t} SET completed_at_ms = ${NOW_MS}, status = :status, headers = :headers, body = :body,
-      request = NULL
-    WHERE ${OWNED}`;
-  // One write, fenced like COMPLETE: the step (JSON text made here) is appended to the record's
-  // steps, a JSON array kept as text in saving order, byte for byte as written.
-  const SAVE_STEP = `UPDATE ${t}
-    SET steps = IF(steps IS NULL, CONCAT('[', :step, ']'),
-        CONCAT(LEFT(steps, CHAR_LENGTH(steps) - 1), ',', :step, ']')),
-      request = COALESCE(:request, request)
-    WHERE ${OWNED}`;
-  // The phase's lock: a takeover's claim of this row waits until the phase commits or rolls back.
-  const LOCK_OWNED = `SELECT token FROM ${t} WHERE ${LIVE} AND completed_at_ms IS NULL FOR UPDATE`;
-  // The (completed_at_ms, lease_until_ms) index: the NULL completions, oldest lease first.
-  const ABANDONED = `SELECT scope, \`key\`, fingerprint, request, lease_until_ms FROM ${t}
-    WHERE completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND expires_at_ms > ${NOW_MS}
-      AND request IS NOT NULL
-    ORDER BY lease_until_ms LIMIT :limit`;
-  const RELEASE = `DELETE FROM ${t} WHERE ${OWNED}`;
-  const RENEW = `UPDATE ${t} SET lease_until_ms = ${NOW_MS} + :leaseMs,
-      expires_at_ms = GREATEST(expires_at_ms, ${NOW_MS} + :leaseMs)
-    WHERE ${OWNED}`;
-  const LEASE_LEFT = `SELECT lease_until_ms - ${NOW_MS} AS lease_left_ms FROM ${t}
-    WHERE ${LIVE} AND completed_at_ms IS NULL AND lease_until_ms > ${NOW_MS}`;
-  const DELETE = `DELETE FROM ${t} WHERE ${LIVE}`;
-  // Single-table DELETE … LIMIT walks the expires_at_ms index; a row an atomic claim is taking
-  // over waits for that claim, then is checked again and kept, its retention renewed.
-  const PURGE = `DELETE FROM ${t}
-    WHERE expires_at_ms <= ${NOW_MS} AND NOT (completed_at_ms IS NULL AND lease_until_ms > ${NOW_MS})
-    ORDER BY expires_at_ms LIMIT :batchSize`;
-  const SUMMARY = `scope, \`key\`, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms, steps`;
+  const {
+    CLAIM,
+    RECORD,
+    LIVE,
+    COMPLETE,
+    SAVE_STEP,
+    LOCK_OWNED,
+    ABANDONED,
+    RELEASE,
+    RENEW,
+    LEASE_LEFT,
+    DELETE,
+    PURGE,
+    SUMMARY,
+  } = statements(t);
 
   async function run<T extends RowDataPacket[] | ResultSetHeader>(
     on: Queryable,
