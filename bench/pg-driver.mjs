@@ -14,7 +14,7 @@ const schema = `rs_bench_${randomBytes(4).toString('hex')}`;
 
 const NOW = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`;
 const T = `${schema}.idempotency_keys`;
-// The statements of src/stores/postgres.ts (claim of a new key, complete with its NOTIFY).
+// The statements of src/stores/postgres/index.ts (claim of a new key, complete with its NOTIFY).
 const CLAIM = `WITH n AS (SELECT ${NOW} AS ms),
   ins AS (
     INSERT INTO ${T} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)

@@ -1,11 +1,13 @@
 // `npm run screenshots`: docs/loan-desk.png and docs/keys.png, taken in Debian's chromium from a
-// loan desk on a fresh SQLite file with DEMO_FAULTS=1 (the last loan goes through the lossy switch).
+// loan desk on a fresh SQLite file with DEMO_FAULTS=1, behind its fault proxy (the last loan goes
+// through the lossy switch).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startLoanDesk } from '../examples/library-loans/app.js';
 import { readConfig } from '../examples/library-loans/config.js';
+import { behindFaultFront, startFaultFront } from '../examples/library-loans/fault-front.js';
 import { launchChromium } from '../test/support/browser.js';
 
 const docs = fileURLToPath(new URL('../docs/', import.meta.url));
@@ -16,11 +18,13 @@ const config = readConfig({
   DEMO_FAULTS: '1',
   ADMIN_LOOPBACK: '1',
 });
-const desk = await startLoanDesk(config, { setup: true });
+const desk = await startLoanDesk(behindFaultFront(config), { setup: true });
+const front = await startFaultFront(config, desk.port);
+const url = `http://127.0.0.1:${front.port}`;
 const browser = await launchChromium();
 try {
   // A caller with a credential, so the inspector shows a second scope.
-  await fetch(`${desk.url}/loans`, {
+  await fetch(`${url}/loans`, {
     method: 'POST',
     headers: {
       'content-type': 'application/json',
@@ -31,7 +35,7 @@ try {
   });
   const page = await browser.newPage({ viewport: { width: 1100, height: 700 } });
   page.setDefaultTimeout(15_000);
-  await page.goto(`${desk.url}/`);
+  await page.goto(`${url}/`);
   await page.getByText('Ready.').waitFor();
   const issue = async (member, isbn) => {
     await page.getByLabel('Member').selectOption(member);
@@ -44,12 +48,13 @@ try {
   await page.getByLabel('Lossy network').check();
   await issue('U-1001', 'K-01');
   await page.screenshot({ path: path.join(docs, 'loan-desk.png'), fullPage: true });
-  await page.goto(`${desk.url}/keys`);
+  await page.goto(`${url}/keys`);
   await page.locator('#keys tbody tr').nth(3).waitFor();
   await page.screenshot({ path: path.join(docs, 'keys.png') });
   console.log('wrote docs/loan-desk.png and docs/keys.png');
 } finally {
   await browser.close();
   await desk.close();
+  await front.close();
   rmSync(dir, { recursive: true, force: true });
 }

@@ -4,14 +4,14 @@ import { parseArgs } from 'node:util';
 import type { IdempotencyStore, KeyRecordSummary } from './core/contract/index.js';
 
 const USAGE = `Usage:
-  retrysafe migrate --database-url <url> [--schema <name>] [--table <name>] [--print]
-  retrysafe purge   --database-url <url> [--schema <name>] [--table <name>] [--batch-size <n>]
+  retrysafe migrate --database-url <url> [--schema <name>] [--table <name>] [--pooling <mode>] [--print]
+  retrysafe purge   --database-url <url> [--schema <name>] [--table <name>] [--pooling <mode>] [--batch-size <n>]
   retrysafe keys list          <store> [--scope <scope>] [--limit <n>] [--after <cursor>] [--json]
   retrysafe keys show <key>    <store> [--scope <scope>] [--json]
   retrysafe keys delete <key>  <store> [--scope <scope>]
   retrysafe --version
 
-  <store> is --database-url <url> [--schema <name>] [--table <name>]
+  <store> is --database-url <url> [--schema <name>] [--table <name>] [--pooling <mode>]
           or --redis-url <url> [--prefix <prefix>]
           or --redis-cluster <host:port,...> [--prefix <prefix>]
 
@@ -21,6 +21,8 @@ const USAGE = `Usage:
                   DATABASE_URL environment variable
   --schema        PostgreSQL schema of the table (default: public)
   --table         table of the records (default: idempotency_keys)
+  --pooling       PostgreSQL: session (default) or transaction, for a URL that reaches PostgreSQL
+                  through a pooler in transaction mode (PgBouncer's pool_mode = transaction)
   --redis-url     a redis:// (or rediss://) URL, for keys kept in Redis
   --redis-cluster seed nodes of a Redis Cluster, comma-separated; keys list walks every master
   --prefix        the Redis store's key prefix (default: retrysafe:)
@@ -81,6 +83,8 @@ interface StoreArgs {
   redisCluster?: string;
   schema?: string;
   table?: string;
+  /** PostgreSQL only: `postgresStore`'s `pooling`. */
+  pooling?: 'session' | 'transaction';
   prefix?: string;
 }
 
@@ -89,11 +93,12 @@ interface StoreArgs {
  * refuses a file, schema or table that does not exist, so a typo fails instead of making one.
  */
 async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs): Promise<Target> {
-  const { databaseUrl, redisUrl, redisCluster, schema, table, prefix } = args;
+  const { databaseUrl, redisUrl, redisCluster, schema, table, pooling, prefix } = args;
   // Imported on demand: a SQLite user need not install pg or ioredis, and so on.
   if (redisUrl !== undefined || redisCluster !== undefined) {
     if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
     if (table !== undefined) throw new UsageError('--table applies to SQLite, PostgreSQL and MySQL only');
+    if (pooling !== undefined) throw new UsageError('--pooling applies to PostgreSQL only');
     await driver(() => import('ioredis'), 'ioredis');
     const { redisStore } = await import('./stores/redis.js');
     const clusterNodes = redisCluster?.split(',').filter((node) => node !== '');
@@ -108,8 +113,8 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   const tableName = table ?? 'idempotency_keys';
   if (databaseKind(databaseUrl) === 'postgres') {
     await driver(() => import('pg'), 'pg');
-    const { postgresStore } = await import('./stores/postgres.js');
-    const store = postgresStore({ connectionString: databaseUrl, schema, table, maxConnections: 1 });
+    const { postgresStore } = await import('./stores/postgres/index.js');
+    const store = postgresStore({ connectionString: databaseUrl, schema, table, pooling, maxConnections: 1 });
     const schemaName = schema ?? 'public';
     const label = `"${schemaName}"."${tableName}"`;
     if (command !== 'migrate') {
@@ -117,16 +122,17 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
         .query('SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2', [schemaName, tableName])
         .catch(async (error: unknown) => {
           await store.close();
-          throw error;
+          pgbouncerHint(error);
         });
       if (rowCount === 0) {
         await store.close();
         throw new UsageError(`no table ${label}: check --schema and --table, or create it with migrate`);
       }
     }
-    return { store, migrate: () => store.migrate(), label };
+    return { store, migrate: () => store.migrate().catch(pgbouncerHint), label };
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
+  if (pooling !== undefined) throw new UsageError('--pooling applies to PostgreSQL only');
   if (databaseKind(databaseUrl) === 'mysql') return openMysql(command, databaseUrl, tableName);
   const { default: Database } = await driver(() => import('better-sqlite3'), 'better-sqlite3');
   const label = `"${tableName}" in ${databaseUrl}`;
@@ -150,6 +156,18 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   // The SQLite store creates its table and index when it opens the file.
   const store = sqliteStore({ filename: databaseUrl, table });
   return { store, migrate: async () => {}, label };
+}
+
+/**
+ * The store's refusal of a connection by PgBouncer (a ConfigError naming the store's `pooling`
+ * option), said with the flag that avoids it.
+ */
+function pgbouncerHint(error: unknown): never {
+  const refused = (error as { cause?: Error }).cause?.message.startsWith('unsupported startup parameter');
+  if (!refused) throw error;
+  throw new UsageError(
+    `the server refused the connection's startup parameters, as PgBouncer in transaction mode does: add --pooling transaction (${(error as { cause: Error }).cause.message})`,
+  );
 }
 
 /** The MySQL/MariaDB store of the database the URL names; only `migrate` may find its table missing. */
@@ -182,7 +200,7 @@ async function openMysql(
 
 async function migrationSql(databaseUrl: string, schema?: string, table?: string): Promise<string[]> {
   if (databaseKind(databaseUrl) === 'postgres') {
-    const { postgresMigrationSql } = await import('./stores/postgres.js');
+    const { postgresMigrationSql } = await import('./stores/postgres/index.js');
     return postgresMigrationSql({ schema, table });
   }
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
@@ -192,6 +210,11 @@ async function migrationSql(databaseUrl: string, schema?: string, table?: string
   }
   const { sqliteMigrationSql } = await import('./stores/sqlite.js');
   return sqliteMigrationSql({ table });
+}
+
+function poolingMode(value: string | undefined): StoreArgs['pooling'] {
+  if (value === undefined || value === 'session' || value === 'transaction') return value;
+  throw new UsageError(`--pooling must be session or transaction; got ${JSON.stringify(value)}`);
 }
 
 function positiveInteger(option: string, value: string | undefined): number | undefined {
@@ -297,6 +320,7 @@ async function main(argv: string[]): Promise<void> {
       'redis-cluster': { type: 'string' },
       schema: { type: 'string' },
       table: { type: 'string' },
+      pooling: { type: 'string' },
       prefix: { type: 'string' },
       'batch-size': { type: 'string' },
       print: { type: 'boolean' },
@@ -325,6 +349,7 @@ async function main(argv: string[]): Promise<void> {
     redisCluster: values['redis-cluster'],
     schema: values.schema,
     table: values.table,
+    pooling: poolingMode(values.pooling),
     prefix: values.prefix,
   };
   const named = [stores.databaseUrl, stores.redisUrl, stores.redisCluster].filter((s) => s !== undefined);

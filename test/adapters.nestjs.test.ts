@@ -1,3 +1,6 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { expect, it } from 'vitest';
 import { describeAdapterConformance, memory, postgres, redis, sqlite } from './conformance/adapter-suite.js';
 import { nestAdapter } from './support/nest-harness.js';
 import { describeNestSpecifics } from './support/nest-specifics.js';
@@ -17,3 +20,12 @@ describeAdapterConformance(nestAdapter('nest 12 (platform-fastify)', 'fastify'),
 
 describeNestSpecifics('nest 12 (platform-express)', 'express');
 describeNestSpecifics('nest 12 (platform-fastify)', 'fastify');
+
+// Nest's deep paths (@nestjs/common/constants.js, its enums) are internal and change between
+// majors; the adapter reads what it needs through the public entry points only.
+it("imports only Nest's public entry points", () => {
+  const source = readFileSync(join(import.meta.dirname, '../src/adapters/nestjs.ts'), 'utf8');
+  const nest = [...source.matchAll(/from '(@nestjs\/[^']+)'/g)].map((match) => match[1]);
+  expect(nest.length).toBeGreaterThan(0);
+  expect(nest.filter((specifier) => !/^@nestjs\/[a-z-]+$/.test(specifier as string))).toEqual([]);
+});

@@ -8,7 +8,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
 import type { IdempotencyStore } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { countTurns, type PromiseTurns } from './support/promise-turns.js';

@@ -18,9 +18,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyStore } from '../src/core/contract/index.js';
 import { idempotent } from '../src/core/index.js';
 import { mysqlStore } from '../src/stores/mysql.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
+import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import {
   clusterClient,
   deleteClusterKeys,
@@ -267,7 +268,7 @@ describe('retrysafe CLI', () => {
       const store = postgresStore({ connectionString: PG_URL, schema: own });
       try {
         await admin.query(run.stdout);
-        const input = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1000, ttlMs: 1000 };
+        const input = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1000, retainMs: 1000 };
         expect((await store.claim(input)).outcome).toBe('acquired');
       } finally {
         await store.close();
@@ -301,6 +302,43 @@ describe('retrysafe CLI', () => {
     });
   });
 
+  it.skipIf(!(hasPostgres && hasPgBouncer))(
+    'behind PgBouncer (transaction pooling) migrate refuses without --pooling transaction, naming it, and works with it',
+    async () => {
+      const schema = uniqueName('rs_cli_pgb');
+      const bouncer = await startPgBouncer();
+      const pooled = ['--database-url', bouncer.url, '--schema', schema];
+      try {
+        const refused = await cli('migrate', ...pooled);
+        expect(refused.code).toBe(2);
+        expect(refused.stderr).toContain('as PgBouncer in transaction mode does: add --pooling transaction');
+        for (let round = 0; round < 2; round++) {
+          const run = await cli('migrate', ...pooled, '--pooling', 'transaction');
+          expect(run).toMatchObject({ code: 0, stderr: '' });
+          expect(run.stdout).toContain(`migrated "${schema}"."idempotency_keys"`);
+        }
+        const purge = await cli('purge', ...pooled, '--pooling', 'transaction');
+        expect(purge).toMatchObject({ code: 0, stderr: '' });
+        expect(purge.stdout).toMatch(/^purged 0 expired records/);
+      } finally {
+        await bouncer.stop();
+        const admin = new pg.Client({ connectionString: PG_URL });
+        await admin.connect();
+        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+        await admin.end();
+      }
+    },
+  );
+
+  it('refuses a --pooling other than session or transaction, and --pooling on another store', async () => {
+    const bad = await cli('migrate', '--database-url', PG_URL, '--pooling', 'statement');
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('--pooling must be session or transaction');
+    const elsewhere = await cli('keys', 'list', '--redis-url', REDIS_URL, '--pooling', 'transaction');
+    expect(elsewhere.code).toBe(2);
+    expect(elsewhere.stderr).toContain('--pooling applies to PostgreSQL only');
+  });
+
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
     it('migrate creates the table, can run again, and keys and purge then work on it', async () => {
       const database = await mysqlDatabase();
@@ -316,8 +354,8 @@ describe('retrysafe CLI', () => {
           expect(run).toMatchObject({ code: 0, stderr: '' });
           expect(run.stdout).toContain(`migrated \`keys\` in ${database.name}`);
         }
-        await store.claim({ scope: 's', key: 'old', fingerprint: 'f', leaseMs: 1, ttlMs: 1 });
-        await store.claim({ scope: 's', key: 'new', fingerprint: 'f', leaseMs: 60_000, ttlMs: 60_000 });
+        await store.claim({ scope: 's', key: 'old', fingerprint: 'f', leaseMs: 1, retainMs: 1 });
+        await store.claim({ scope: 's', key: 'new', fingerprint: 'f', leaseMs: 60_000, retainMs: 60_000 });
         await new Promise((resolve) => setTimeout(resolve, 50));
         const run = await cli('purge', '--database-url', database.url, '--table', 'keys');
         expect(run).toMatchObject({ code: 0, stderr: '' });
@@ -344,7 +382,7 @@ describe('retrysafe CLI', () => {
  */
 async function seed(store: IdempotencyStore): Promise<void> {
   const claim = (scope: string, key: string) =>
-    store.claim({ scope, key, fingerprint: 'f', leaseMs: 60_000, ttlMs: 600_000 });
+    store.claim({ scope, key, fingerprint: 'f', leaseMs: 60_000, retainMs: 600_000 });
   const done = await claim('tenant', 'order-1');
   if (done.outcome !== 'acquired') throw new Error(done.outcome);
   await store.complete('tenant', 'order-1', done.token, {
@@ -466,7 +504,7 @@ function describeKeysCommands(
       key: 'order-2',
       fingerprint: 'g',
       leaseMs: 1000,
-      ttlMs: 1000,
+      retainMs: 1000,
     });
     expect(claimed.outcome).toBe('acquired');
   });
@@ -491,7 +529,7 @@ describe('retrysafe keys', () => {
         key: 'in-db-3',
         fingerprint: 'f',
         leaseMs: 60_000,
-        ttlMs: 60_000,
+        retainMs: 60_000,
       });
       expect(claimed.outcome).toBe('acquired');
       const listed = await cli('keys', 'list', '--redis-url', `${REDIS_URL}/3`, '--prefix', prefix);
@@ -585,6 +623,28 @@ describe('retrysafe keys', () => {
       };
     });
   });
+
+  describe.skipIf(!(hasPostgres && hasPgBouncer))(
+    'on PostgreSQL behind PgBouncer (--pooling transaction)',
+    () => {
+      let bouncer: PgBouncer;
+      describeKeysCommands(async () => {
+        bouncer = await startPgBouncer();
+        const schema = uniqueName('rs_cli_keys_pgb');
+        return {
+          args: ['--database-url', bouncer.url, '--schema', schema, '--pooling', 'transaction'],
+          store: postgresStore({ connectionString: PG_URL, schema, migrate: true }),
+          async cleanup() {
+            await bouncer.stop();
+            const admin = new pg.Client({ connectionString: PG_URL });
+            await admin.connect();
+            await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+            await admin.end();
+          },
+        };
+      });
+    },
+  );
 
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
     describeKeysCommands(async () => {

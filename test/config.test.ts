@@ -10,7 +10,7 @@ import { idempotency as nodeIdempotency } from '../src/adapters/node.js';
 import { createRetryingFetch } from '../src/client/index.js';
 import { ConfigError, createIdempotency, RetrysafeError } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 

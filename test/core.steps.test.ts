@@ -217,7 +217,7 @@ describe('steps (lease mode, memory store)', () => {
       key,
       fingerprint: abandoned!.fingerprint,
       leaseMs: 1,
-      ttlMs: 60_000,
+      retainMs: 60_000,
     });
     expect(claimed.outcome === 'acquired' && JSON.stringify(claimed.steps)).not.toContain('secret');
   });

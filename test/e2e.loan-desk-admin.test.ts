@@ -1,5 +1,6 @@
 import { createHash, randomUUID } from 'node:crypto';
 import http from 'node:http';
+import net from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { adminAccess } from '../examples/library-loans/admin.js';
@@ -272,6 +273,47 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
     expect(retry.headers.get('idempotency-replayed')).toBe('true');
     expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
     expect(await getJson(desk.baseUrl, '/demo')).toMatchObject({ body: { demoFaults: true } });
+  });
+});
+
+describe('loan desk with DEMO_FAULTS=1: the lossy switch is a fault proxy in front of the desk', () => {
+  it('with WORKERS=2 too: a marked loan is lent, its answer lost, and the retry replays it', async () => {
+    const desk = await startLoanDesk({ workers: 2, env: { DEMO_FAULTS: '1' } });
+    try {
+      const key = `lossy-workers-${randomUUID()}`;
+      const before = (await listLoans(desk.baseUrl)).length;
+      await expect(
+        postLoan(desk.baseUrl, loan('2026-05-06'), { key, headers: { 'x-demo-lose-response': '1' } }),
+      ).rejects.toThrow(TypeError);
+      const retry = await postLoan(desk.baseUrl, loan('2026-05-06'), { key });
+      expect(retry.status).toBe(201);
+      expect(retry.headers.get('idempotency-replayed')).toBe('true');
+      expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
+      // The workers serve behind the proxy, on a port of their own.
+      const serving = /^worker \d+ serving (\S+)/m.exec(desk.output())![1];
+      expect(serving).not.toBe(desk.baseUrl);
+    } finally {
+      expect(await desk.stop()).toBe(0);
+    }
+  }, 40_000);
+
+  it('with WORKERS=2, a port taken stops the start, saying so', async () => {
+    const taken = net.createServer();
+    await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve));
+    const { port } = taken.address() as net.AddressInfo;
+    try {
+      await expect(
+        startLoanDesk({ workers: 2, env: { DEMO_FAULTS: '1', PORT: String(port) } }),
+      ).rejects.toThrow(/loan desk: the fault proxy cannot listen: listen EADDRINUSE/);
+    } finally {
+      taken.close();
+    }
+  }, 30_000);
+
+  it('refuses to start on a host that is not loopback', async () => {
+    await expect(startLoanDesk({ env: { DEMO_FAULTS: '1', HOST: '0.0.0.0' } })).rejects.toThrow(
+      /HOST="0\.0\.0\.0" is invalid: expected a loopback address .* with DEMO_FAULTS=1/,
+    );
   });
 });
 

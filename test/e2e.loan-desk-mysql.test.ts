@@ -83,6 +83,23 @@ describe.skipIf(!hasMysql)('loan desk on MariaDB, WORKERS=2', () => {
     expect(new Set(responses.map(({ response }) => response.body.id)).size).toBe(20);
   });
 
+  it("each loan's receipt job commits with it and is sent: GET /loans/:id/receipt answers 200", async () => {
+    const loan = { member: 'U-1004', isbn: 'K-05', issuedAt: '2026-04-03' };
+    const keyed = await postLoan(desk.baseUrl, loan, { key: `MY-${randomUUID()}` });
+    const keyless = await postLoan(desk.baseUrl, loan);
+    for (const { body } of [keyed, keyless]) {
+      await vi.waitFor(
+        async () => expect((await getJson(desk.baseUrl, `/loans/${body.id}/receipt`)).status).toBe(200),
+        { timeout: 20_000, interval: 50 },
+      );
+      expect((await getJson(desk.baseUrl, `/loans/${body.id}/receipt`)).body).toMatchObject({
+        loanId: body.id,
+        ...loan,
+        delivery: 1,
+      });
+    }
+  });
+
   it('a key reused with another body is 409 key_conflict and makes no loan', async () => {
     const key = `MY-${randomUUID()}`;
     const loan = { member: 'U-1002', isbn: 'K-02', issuedAt: '2026-04-01' };

@@ -13,7 +13,7 @@ import {
   isAtomicStore,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { postRequest } from './support/engine-request.js';
@@ -175,7 +175,7 @@ describe.each(backends)('$name store', (backend) => {
       key: uniqueName('wait'),
       fingerprint: 'f',
       leaseMs: 30 * 86_400_000,
-      ttlMs: 30 * 86_400_000,
+      retainMs: 30 * 86_400_000,
       timeoutMs: 30 * 86_400_000,
     };
     const claimed = await store.claim(input);

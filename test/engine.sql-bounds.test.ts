@@ -10,7 +10,7 @@ import {
   type IdempotencyStore,
   type Outcome,
 } from '../src/core/index.js';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { postRequest } from './support/engine-request.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';

@@ -8,8 +8,11 @@ import {
 } from '../examples/library-loans/fault-proxy.js';
 
 let received: string[] = [];
+/** The `x-lose` header of each request the target saw. */
+let marks: Array<string | undefined> = [];
 let targetPort = 0;
 const target = http.createServer((req, res) => {
+  marks.push(req.headers['x-lose'] as string | undefined);
   const chunks: Buffer[] = [];
   req.on('data', (chunk: Buffer) => chunks.push(chunk));
   req.on('end', () => {
@@ -31,6 +34,7 @@ afterAll(async () => {
 let proxies: FaultProxy[] = [];
 beforeEach(() => {
   received = [];
+  marks = [];
 });
 afterEach(async () => {
   await Promise.all(proxies.map((proxy) => proxy.close()));
@@ -41,7 +45,8 @@ async function startProxy(options: Omit<FaultProxyOptions, 'targetPort'>) {
   const proxy = createFaultProxy({ targetPort, ...options });
   proxies.push(proxy);
   const port = await proxy.start();
-  const send = (body: string) => fetch(`http://127.0.0.1:${port}/loans`, { method: 'POST', body });
+  const send = (body: string, headers: Record<string, string> = {}) =>
+    fetch(`http://127.0.0.1:${port}/loans`, { method: 'POST', body, headers });
   return { proxy, send };
 }
 
@@ -77,6 +82,15 @@ it('drops the response only after the target processed the request', async () =>
   await expect(send('processed')).rejects.toThrow(TypeError);
   expect(received).toEqual(['processed']);
   expect(proxy.stats).toMatchObject({ requests: 1, forwarded: 1, dropped: 1, passed: 0 });
+});
+
+it('drops the response of a request carrying `dropHeader`, forwarded without it, and relays the rest', async () => {
+  const { proxy, send } = await startProxy({ dropHeader: 'x-lose' });
+  await expect(send('marked', { 'x-lose': '1' })).rejects.toThrow(TypeError);
+  expect((await send('plain')).status).toBe(201);
+  expect(received).toEqual(['marked', 'plain']);
+  expect(marks).toEqual([undefined, undefined]);
+  expect(proxy.stats).toMatchObject({ requests: 2, forwarded: 2, dropped: 1, passed: 1 });
 });
 
 it('delays a response and still relays it intact', async () => {

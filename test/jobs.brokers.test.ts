@@ -11,7 +11,7 @@ import Database from 'better-sqlite3';
 import { Queue } from 'bullmq';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
-import { postgresStore } from '../src/stores/postgres.js';
+import { postgresStore } from '../src/stores/postgres/index.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import {
   dropSchemas,

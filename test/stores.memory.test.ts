@@ -9,9 +9,9 @@ import { describeStoreConformance } from './conformance/store-suite.js';
 describeStoreConformance('memory', async () => ({ store: memoryStore() }));
 describeIdempotentConformance('memory', async () => ({ store: memoryStore() }));
 
-const LONG = { leaseMs: 30_000, ttlMs: 60_000 };
+const LONG = { leaseMs: 30_000, retainMs: 60_000 };
 
-function input(key: string, times: { leaseMs: number; ttlMs: number } = LONG): ClaimInput {
+function input(key: string, times: { leaseMs: number; retainMs: number } = LONG): ClaimInput {
   return { scope: 'tenant', key, fingerprint: 'fp', ...times };
 }
 
@@ -67,7 +67,7 @@ describe('memoryStore size cap', () => {
 
   it('makes room from expired records before refusing a claim', async () => {
     const store = memoryStore({ maxRecords: 2 });
-    await store.claim(input('short', { leaseMs: 20, ttlMs: 40 }));
+    await store.claim(input('short', { leaseMs: 20, retainMs: 40 }));
     await store.claim(input('long'));
     await sleep(100);
     expect((await store.claim(input('new'))).outcome).toBe('acquired');
@@ -77,7 +77,7 @@ describe('memoryStore size cap', () => {
 
   it('the sweep timer removes expired records', async () => {
     const store = memoryStore({ sweepIntervalMs: 20 });
-    await store.claim(input('short', { leaseMs: 10, ttlMs: 30 }));
+    await store.claim(input('short', { leaseMs: 10, retainMs: 30 }));
     await sleep(150);
     expect(await store.purgeExpired()).toBe(0);
     await store.close();

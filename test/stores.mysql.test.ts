@@ -48,7 +48,7 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     key,
     fingerprint,
     leaseMs,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   beforeAll(async () => {
@@ -168,6 +168,46 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       const [rows] = await pool.query<mysql.RowDataPacket[]>('SELECT 1 AS one');
       expect(rows[0]).toEqual({ one: 1 });
     } finally {
+      await pool.end();
+    }
+  });
+
+  it('round trips per claim and completion: 2 in lease mode, 7 in atomic mode with one write', async () => {
+    // One connection, so the server's per-session statement count is the store's round trips
+    // (each a statement: mysql2 sends START TRANSACTION and COMMIT as queries too).
+    const pool = mysql.createPool({ uri: database.url, connectionLimit: 1 });
+    const own = mysqlStore({ pool });
+    // The count includes the SHOW that reads it.
+    const statements = async () => {
+      const [rows] = await pool.query<mysql.RowDataPacket[]>("SHOW SESSION STATUS LIKE 'Questions'");
+      return Number(rows[0]!.Value);
+    };
+    const roundTrips = async (call: () => Promise<unknown>) => {
+      const before = await statements();
+      await call();
+      return (await statements()) - before - 1;
+    };
+    try {
+      await own.claim(input('warm-up'));
+      const lease = await roundTrips(async () => {
+        const claimed = await own.claim(input('rt-lease'));
+        if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
+        expect(await own.complete('s', 'rt-lease', claimed.token, response('ok'))).toBe(true);
+      });
+      // The claim (no read-back: it inserted the row) and the completion.
+      expect(lease).toBe(2);
+      // A duplicate: the claim met a row, which one more statement reads.
+      expect(await roundTrips(() => own.claim(input('rt-lease')))).toBe(2);
+      const atomic = await roundTrips(() =>
+        own.atomic(input('rt-atomic'), async (tx) => {
+          await tx.query('INSERT INTO effect (`key`) VALUES (?)', ['rt-atomic']);
+          return { response: response('ok'), commit: true };
+        }),
+      );
+      // SET lock wait, START TRANSACTION, claim, SET lock wait back, the write, complete, COMMIT.
+      expect(atomic).toBe(7);
+    } finally {
+      await own.close();
       await pool.end();
     }
   });

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AtomicWorkResult, ClaimInput, StoredResponse } from '../src/core/index.js';
-import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
+import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
@@ -24,7 +24,7 @@ const input = (key: string, fingerprint = 'f1'): ClaimInput => ({
   key,
   fingerprint,
   leaseMs: 10_000,
-  ttlMs: 60_000,
+  retainMs: 60_000,
 });
 
 describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', () => {

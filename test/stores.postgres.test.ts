@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
-import { type PostgresStore, postgresStore } from '../src/stores/postgres.js';
+import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
@@ -52,7 +52,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     key,
     fingerprint,
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   beforeAll(async () => {
@@ -374,7 +374,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 
     it('work that outlives the record commits nothing, its own writes included', async () => {
       await expect(
-        store.atomic({ ...input('a7'), leaseMs: 50, ttlMs: 50 }, async (tx) => {
+        store.atomic({ ...input('a7'), leaseMs: 50, retainMs: 50 }, async (tx) => {
           await tx.query(`INSERT INTO "${schema}".effect VALUES ('a7')`);
           await sleep(150);
           return { response: response('late'), commit: true };
@@ -474,7 +474,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
     key,
     fingerprint: 'f',
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   afterAll(async () => {

@@ -82,7 +82,7 @@ describe.skipIf(!hasRedisCluster)('redis cluster', () => {
       }
       const claims = await Promise.all(
         Array.from({ length: 30 }, (_, i) =>
-          store.claim({ scope: 's', key: `k${i}`, fingerprint: 'f', leaseMs: 5000, ttlMs: 60_000 }),
+          store.claim({ scope: 's', key: `k${i}`, fingerprint: 'f', leaseMs: 5000, retainMs: 60_000 }),
         ),
       );
       expect(claims.map((c) => c.outcome)).toEqual(Array(30).fill('acquired'));
@@ -97,7 +97,7 @@ describe.skipIf(!hasRedisCluster)('redis cluster', () => {
 
   it('durability: a claim confirmed by fewer replicas than asked fails and is released; one confirmed succeeds', async () => {
     const prefix = `${uniqueName('rs_cluster_wait')}:`;
-    const claim = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 5000, ttlMs: 60_000 };
+    const claim = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 5000, retainMs: 60_000 };
     // Each master has one replica: two never confirm.
     const wanting = redisStore({
       clusterNodes: REDIS_CLUSTER_NODES,
@@ -134,7 +134,7 @@ describe.skipIf(!hasRedisCluster)('redis cluster', () => {
     try {
       const claims = await Promise.all(
         Array.from({ length: 300 }, (_, i) =>
-          store.claim({ scope: 'tenant', key: `k${i}`, fingerprint: 'fp', leaseMs: 5000, ttlMs: 60_000 }),
+          store.claim({ scope: 'tenant', key: `k${i}`, fingerprint: 'fp', leaseMs: 5000, retainMs: 60_000 }),
         ),
       );
       expect(claims.filter((claim) => claim.outcome === 'acquired')).toHaveLength(300);

@@ -20,7 +20,7 @@ const claimInput = (key: string): ClaimInput => ({
   key,
   fingerprint: 'f',
   leaseMs: 5000,
-  ttlMs: 60_000,
+  retainMs: 60_000,
 });
 
 describe.skipIf(!hasRedis)('redis', () => {
@@ -124,7 +124,7 @@ describe.skipIf(!hasRedis)('redis', () => {
       key,
       fingerprint,
       leaseMs: 10_000,
-      ttlMs: 60_000,
+      retainMs: 60_000,
     });
 
     async function redisNowMs(): Promise<number> {
@@ -285,7 +285,7 @@ describe.skipIf(!hasRedis)('redis restart (own redis-server, no persistence)', (
     key,
     fingerprint: 'fp',
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
   const response: StoredResponse = {
     status: 201,

@@ -76,7 +76,7 @@ function input(overrides: Partial<ClaimInput> = {}): ClaimInput {
     key: randomUUID(),
     fingerprint: 'fp',
     leaseMs: 30_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
     ...overrides,
   };
 }
@@ -451,7 +451,7 @@ describe('sqliteStore clock', () => {
       key: 'OD-old',
       fingerprint: 'fp',
       leaseMs: 30_000,
-      ttlMs: 86_400_000,
+      retainMs: 86_400_000,
     };
     const claimed = await store.claim(input);
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);

@@ -110,7 +110,7 @@ export async function run(ctx) {
       },
       notes: [
         `examples/library-loans/server.js per configuration, body ${JSON.stringify(LOAN)}; no-key and keyed runs hit the same server process, interleaved with the floor's.`,
-        'Floors (bench/servers/floor.js): the same validation and guarantee written by hand with no library. SQLite: one BEGIN IMMEDIATE with claim, loan and stored response. PostgreSQL: claim, loan and response in one statement (one round trip). MariaDB: BEGIN, INSERT IGNORE of the claim, the loan, the response, COMMIT (5 round trips; the store takes 8: the lock-wait bound set and reset around its claim, and the row read back after it). Redis: SET NX PX, the loan in SQLite, SET of the response.',
+        'Floors (bench/servers/floor.js): the same validation and guarantee written by hand with no library. SQLite: one BEGIN IMMEDIATE with claim, loan and stored response. PostgreSQL: claim, loan and response in one statement (one round trip). MariaDB: BEGIN, INSERT IGNORE of the claim, the loan, the response, COMMIT (5 round trips; the store takes 7: the lock-wait bound set and reset around its claim; it reads the row back only when the claim met one). Redis: SET NX PX, the loan in SQLite, SET of the response.',
         "Structural floor (PostgreSQL, FLOOR=postgres-3rt): the structure a library must have, since the handler is code of its own between the claim and the saved response: BEGIN with the claim, the loan as the handler's statement, the response with COMMIT; 3 round trips (pg's pipeline mode), named statements. PostgreSQL atomic's goal (issue 25) is against it; keyed ÷ the one-statement floor is listed for information, as is MariaDB's.",
       ],
       targets,

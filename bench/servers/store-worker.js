@@ -119,7 +119,7 @@ async function claimComplete(store) {
     key,
     fingerprint: randomBytes(32).toString('hex'),
     leaseMs: 30_000,
-    ttlMs: 30 * DAY_MS,
+    retainMs: 30 * DAY_MS,
   });
   if (claim.outcome !== 'acquired') throw new Error(`claim of a fresh key answered ${claim.outcome}`);
   await store.complete('', key, claim.token, { ...RESPONSE, body });

@@ -7,8 +7,9 @@ import { openDatabase, openKeyStore } from './database.js';
 import { fineRoutes } from './fines.js';
 import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './json-body.js';
 import { operations } from './operations.js';
+import { answerReceipt, startReceipts } from './receipts.js';
 import { databaseUnavailable, sendJson as send, sendFound } from './respond.js';
-import { losingMarkedAnswers, webRoutes } from './web.js';
+import { webRoutes } from './web.js';
 
 const DATE = /^\d{4}-\d{2}-\d{2}$/;
 const LOAN_SHAPE = '{"member", "isbn", "issuedAt"}';
@@ -52,7 +53,8 @@ export function parseLoan(body) {
  * admin API (web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`;
  * `ops` (operations.js) hears the idempotency events and serves `/metrics`. `POST /fines` is
  * fines.js. Answers the request handler and `resumeFine`, which re-drives an abandoned fine
- * (the completer's work).
+ * (the completer's work). `onLent` (optional) hears that a loan was answered, so its receipt job
+ * (receipts.js) is committed and can be sent now; `GET /loans/:id/receipt` reads it.
  */
 export function loanDesk({
   database,
@@ -65,6 +67,7 @@ export function loanDesk({
   encryptionKeys,
   scopeSecret,
   ops,
+  onLent,
   ...settings
 }) {
   const guarding = {
@@ -115,10 +118,11 @@ export function loanDesk({
       });
     }
     const { id, member, isbn, issuedAt } = result.loan;
+    // Once answered, the loan (and its receipt job) committed: atomic mode commits before the answer.
+    if (onLent) res.once('finish', onLent);
     send(res, 201, { id, member, isbn, issuedAt }, { location: `/loans/${id}` });
   });
 
-  const issueLoan = losingMarkedAnswers(createLoan, settings);
   const web = webRoutes(settings);
   const admin = adminRoutes({ store, ...settings });
 
@@ -128,7 +132,7 @@ export function loanDesk({
     const reading = req.method === 'GET' || req.method === 'HEAD';
     // The hot path, POST /loans, needs no URL parsed; any other target is normalised by URL.
     if (req.url === '/loans' && req.method === 'POST') {
-      return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res, 'the loan');
+      return isJsonBody(req) ? createLoan(req, res) : unsupportedMediaType(res, 'the loan');
     }
     const url = new URL(req.url ?? '/', 'http://loan-desk');
     const { pathname } = url;
@@ -137,13 +141,14 @@ export function loanDesk({
 
     if (pathname === '/loans') {
       if (req.method === 'POST')
-        return isJsonBody(req) ? issueLoan(req, res) : unsupportedMediaType(res, 'the loan');
+        return isJsonBody(req) ? createLoan(req, res) : unsupportedMediaType(res, 'the loan');
       return reading ? read(res, () => database.listLoans()) : allow('GET, HEAD, POST');
     }
-    const loanPath = /^\/loans\/([^/]+)$/.exec(pathname);
+    const loanPath = /^\/loans\/([^/]+)(\/receipt)?$/.exec(pathname);
     if (loanPath) {
       if (!reading) return allow('GET, HEAD');
       const id = /^[1-9]\d{0,8}$/.test(loanPath[1]) ? Number(loanPath[1]) : undefined;
+      if (loanPath[2]) return answerReceipt(res, database, id);
       return read(res, () => (id === undefined ? undefined : database.getLoan(id)));
     }
     if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
@@ -173,7 +178,15 @@ export async function startLoanDesk(config, { setup }) {
   // retry landing on another one would not find its key.
   const scopeSecret =
     config.scopeSecret ?? (await database.secret('scope', randomBytes(32).toString('base64url')));
-  const desk = loanDesk({ ...config, database, store, ops, scopeSecret });
+  // Every desk process sends receipts: the outbox's leases (or BullMQ's locks) share the jobs out.
+  const receipts = await startReceipts({
+    ...config,
+    database,
+    store,
+    logger: ops.logger,
+    onEvent: ops.onEvent,
+  });
+  const desk = loanDesk({ ...config, database, store, ops, scopeSecret, onLent: receipts.nudge });
   const server = http.createServer(desk.handler);
   await new Promise((resolve, reject) => {
     server.once('error', reject);
@@ -203,6 +216,7 @@ export async function startLoanDesk(config, { setup }) {
     async close() {
       clearInterval(purge);
       await completer?.stop();
+      await receipts.stop();
       const closed = new Promise((resolve) => server.close(resolve));
       server.closeIdleConnections();
       await closed;

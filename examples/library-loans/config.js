@@ -27,16 +27,22 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            lease passed; 0: only a retry finishes them
  * COMPLETER_INTERVAL         how often the completer looks for them (5s)
  * WORKERS                    processes sharing the port and the database (1)
+ * REDIS_URL                  redis://host:port?prefix=name: each loan's receipt goes through a BullMQ
+ *                            queue there (default: the IDEMPOTENCY_STORE Redis if one; else, or with
+ *                            REDIS_URL=none, a worker in each desk process sends it from the outbox)
+ * RECEIPT_DELAY_MS           for tests only: a pause in each receipt job, before its receipt is
+ *                            written and again before it is marked done, so a SIGKILL lands mid-job (0)
  * SCOPE_SECRET               at least 16 characters keying the scope digests (HMAC-SHA-256 of
  *                            Authorization); unset, the desk makes one once and keeps it in its database
  * ADMIN_TOKEN                the bearer token /admin/keys and /metrics require
  * ADMIN_LOOPBACK             1: /admin/keys also answers direct loopback callers without the token
  *                            (never a request with X-Forwarded-For, Forwarded or Via); 0 (default).
  *                            Neither set: the admin API is closed
- * DEMO_FAULTS                1: the page's lossy-network switch works (the desk loses the answers it
- *                            marks), and POST /fines with `Demo-Crash-After: recorded|charged|paid`
- *                            kills the desk (SIGKILL) right after that step is saved; 0 (default):
- *                            both are ignored
+ * DEMO_FAULTS                1 (on a loopback HOST only): the page's lossy-network switch works (a
+ *                            fault proxy in front of the desk loses the answers it marks;
+ *                            fault-front.js), and POST /fines with `Demo-Crash-After:
+ *                            recorded|charged|paid` kills the desk (SIGKILL) right after that step
+ *                            is saved; 0 (default): both are ignored
  * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,
  *                            info (default), debug (one line per idempotency event), trace, silent
  */
@@ -160,11 +166,21 @@ export function readConfig(env = process.env) {
   if (!URL.canParse(providerUrl) || !/^https?:$/.test(new URL(providerUrl).protocol)) {
     fail('PROVIDER_URL', 'an http:// or https:// URL like http://127.0.0.1:8484');
   }
+  const receiptsRedis = env.REDIS_URL || (keys.kind === 'redis' ? storeUrl : 'none');
+  if (receiptsRedis !== 'none' && !/^rediss?:\/\//.test(receiptsRedis)) {
+    fail('REDIS_URL', 'a redis:// URL like redis://127.0.0.1:6379, or `none`');
+  }
   const demoFaults = env.DEMO_FAULTS || '0';
   if (demoFaults !== '0' && demoFaults !== '1') fail('DEMO_FAULTS', '`1` or `0`');
+  const host = env.HOST || '127.0.0.1';
+  // The faults let any caller kill the desk; and behind the fault proxy every caller reaches the
+  // desk from loopback, which ADMIN_LOOPBACK trusts.
+  if (demoFaults === '1' && !/^(127\.\d+\.\d+\.\d+|::1|localhost)$/.test(host)) {
+    fail('HOST', 'a loopback address (127.0.0.1, ::1, localhost) with DEMO_FAULTS=1');
+  }
 
   return {
-    host: env.HOST || '127.0.0.1',
+    host,
     port,
     database,
     keys,
@@ -179,12 +195,22 @@ export function readConfig(env = process.env) {
     completer: completer === '1',
     completerIntervalMs: duration('COMPLETER_INTERVAL', '5s'),
     workers: integer('WORKERS', 1, 1),
+    receipts: { delayMs: integer('RECEIPT_DELAY_MS', 0, 0), redis: bullRedis(receiptsRedis) },
     scopeSecret: env.SCOPE_SECRET || undefined,
     adminToken: env.ADMIN_TOKEN || undefined,
     adminLoopback: adminLoopback === '1',
     demoFaults: demoFaults === '1',
     logLevel,
   };
+}
+
+/** The BullMQ connection of a redis:// URL: its `prefix` names the queue's keys (library-loans:bull). */
+function bullRedis(text) {
+  if (text === 'none') return undefined;
+  const url = new URL(text);
+  const prefix = `${url.searchParams.get('prefix') || 'library-loans:'}bull`;
+  url.searchParams.delete('prefix');
+  return { url: url.toString(), prefix };
 }
 
 /**

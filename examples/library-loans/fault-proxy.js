@@ -10,6 +10,8 @@ import http from 'node:http';
  * - drop: the request is forwarded, the target's whole response is read (so the target DID process
  *   it), then the client's connection is reset instead of the response being relayed.
  * - delay: the response is relayed `delayMs` late.
+ * A request carrying the `dropHeader` is dropped whatever the roll, and forwarded without it: the
+ * fault a client chooses (the loan desk page's lossy-network switch).
  * Every relayed response carries `Connection: close`, so each attempt of a client arrives on its own
  * connection and the refuse roll applies per attempt, not once per pooled socket.
  *
@@ -22,6 +24,7 @@ import http from 'node:http';
  *   `dropRate + delayRate` must be <= 1: one roll per request picks drop, delay or pass-through.
  * @property {number} [delayMs] default 100
  * @property {number} [seed] seeds the PRNG; default: `Math.random`
+ * @property {string} [dropHeader] the lower-case name of a header whose requests are dropped
  *
  * @typedef {object} FaultProxyStats
  * @property {number} connections connections accepted, refused ones included
@@ -34,7 +37,7 @@ import http from 'node:http';
  * @property {number} upstreamErrors requests the target could not be reached for (answered 502)
  *
  * @typedef {object} FaultProxy
- * @property {(port?: number) => Promise<number>} start listens on 127.0.0.1 (port 0: any free port); resolves with the port
+ * @property {(port?: number, host?: string) => Promise<number>} start listens on `host` (127.0.0.1; port 0: any free port); resolves with the port
  * @property {() => Promise<void>} close stops listening and resets every open connection
  * @property {FaultProxyStats} stats live counters
  */
@@ -110,6 +113,7 @@ export function createFaultProxy(options) {
   if (dropRate + delayRate > 1) throw new TypeError('fault proxy: `dropRate + delayRate` must be <= 1');
   const delayMs = options.delayMs ?? 100;
   const random = options.seed === undefined ? Math.random : mulberry32(options.seed);
+  const { dropHeader } = options;
   const agent = new http.Agent({ keepAlive: true });
   /** @type {Set<NodeJS.Timeout>} */
   const timers = new Set();
@@ -169,6 +173,8 @@ export function createFaultProxy(options) {
     stats.requests++;
     // Rolled before forwarding so the sequence of faults depends only on the seed and arrival order.
     const roll = random();
+    const marked = dropHeader !== undefined && req.headers[dropHeader] !== undefined;
+    if (marked) delete req.headers[dropHeader];
     let answer;
     try {
       answer = await forward(req, await readAll(req));
@@ -182,7 +188,7 @@ export function createFaultProxy(options) {
       return;
     }
     stats.forwarded++;
-    if (roll < dropRate) {
+    if (marked || roll < dropRate) {
       stats.dropped++;
       req.socket.resetAndDestroy();
     } else if (roll < dropRate + delayRate) {
@@ -209,10 +215,10 @@ export function createFaultProxy(options) {
 
   return {
     stats,
-    start(port = 0) {
+    start(port = 0, host = '127.0.0.1') {
       return new Promise((resolve, reject) => {
         server.once('error', reject);
-        server.listen(port, '127.0.0.1', () => {
+        server.listen(port, host, () => {
           server.off('error', reject);
           const address = server.address();
           resolve(typeof address === 'object' && address ? address.port : port);

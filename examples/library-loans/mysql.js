@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import mysql from 'mysql2/promise';
 import { mysqlStore } from 'retrysafe/mysql';
 import { BOOKS, DEFAULT_INTENT_TTL_MS, MEMBERS } from './catalog.js';
@@ -15,6 +16,19 @@ const TABLES = [
     intent_until_ms bigint,
     FOREIGN KEY (member) REFERENCES member (id),
     FOREIGN KEY (isbn) REFERENCES book (isbn))`,
+  `CREATE TABLE IF NOT EXISTS receipt_job (
+    loan_id int PRIMARY KEY,
+    attempts int NOT NULL DEFAULT 0,
+    claimed_until_ms bigint NOT NULL DEFAULT 0,
+    claim varbinary(32),
+    done_at_ms bigint,
+    FOREIGN KEY (loan_id) REFERENCES loan (id))`,
+  `CREATE TABLE IF NOT EXISTS receipt (
+    id int AUTO_INCREMENT PRIMARY KEY,
+    loan_id int NOT NULL,
+    body json NOT NULL,
+    lease_key varbinary(255) UNIQUE,
+    FOREIGN KEY (loan_id) REFERENCES loan (id))`,
   // The desk's own secrets, made once (see `secret`).
   'CREATE TABLE IF NOT EXISTS desk_secret (name varchar(64) PRIMARY KEY, value text NOT NULL)',
 ];
@@ -63,57 +77,104 @@ export async function openMysql({ url, setup }) {
 
   const rows = async (sql, values) => (await pool.query(sql, values))[0];
 
-  return {
-    store,
-    /** See postgres.js: an intent holds its loan for `intentTtlMs`, then names a new one. */
-    async createLoan(loan, { tx, intent, intentTtlMs = DEFAULT_INTENT_TTL_MS } = {}) {
-      const on = tx ?? pool;
-      for (let attempt = 0; ; attempt++) {
-        // IGNORE skips an intent lent already (its loan is read below); the references are
-        // checked in the same statement, so a keyless loan needs no transaction.
-        const [inserted] = await on.query(
-          `INSERT IGNORE INTO loan (member, isbn, issuedAt, intent, intent_until_ms)
+  /** See postgres.js: an intent holds its loan for `intentTtlMs`, then names a new one. */
+  async function lend(on, loan, { intent, intentTtlMs = DEFAULT_INTENT_TTL_MS }) {
+    for (let attempt = 0; ; attempt++) {
+      // IGNORE skips an intent lent already (its loan is read below); the references are
+      // checked in the same statement.
+      const [inserted] = await on.query(
+        `INSERT IGNORE INTO loan (member, isbn, issuedAt, intent, intent_until_ms)
            SELECT ?, ?, ?, ?, ${NOW_MS} + ? FROM DUAL
            WHERE EXISTS (SELECT 1 FROM book WHERE isbn = ?) AND EXISTS (SELECT 1 FROM member WHERE id = ?)`,
-          [
-            loan.member,
-            loan.isbn,
-            loan.issuedAt,
-            intent ?? null,
-            intent === undefined ? null : intentTtlMs,
-            loan.isbn,
-            loan.member,
-          ],
-        );
-        if (inserted.affectedRows === 1) {
-          return {
-            loan: {
-              id: inserted.insertId,
-              member: loan.member,
-              isbn: loan.isbn,
-              issuedAt: loan.issuedAt,
-              return: null,
-            },
-          };
-        }
-        const [[refs]] = await on.query(
-          'SELECT EXISTS (SELECT 1 FROM book WHERE isbn = ?) AS book, EXISTS (SELECT 1 FROM member WHERE id = ?) AS member',
-          [loan.isbn, loan.member],
-        );
-        if (!refs.book) return { missing: 'isbn' };
-        if (!refs.member) return { missing: 'member' };
-        const [[{ lapsed, ...lent } = { lapsed: 1 }]] = await on.query(
-          `SELECT ${LOAN_COLUMNS}, intent_until_ms <= ${NOW_MS} AS lapsed FROM loan WHERE intent = ?`,
-          [intent],
-        );
-        if (!lapsed || attempt === 2) return { loan: lent };
-        await on.query(`UPDATE loan SET intent = NULL WHERE intent = ? AND intent_until_ms <= ${NOW_MS}`, [
-          intent,
-        ]);
+        [
+          loan.member,
+          loan.isbn,
+          loan.issuedAt,
+          intent ?? null,
+          intent === undefined ? null : intentTtlMs,
+          loan.isbn,
+          loan.member,
+        ],
+      );
+      if (inserted.affectedRows === 1) {
+        await on.query('INSERT INTO receipt_job (loan_id) VALUES (?)', [inserted.insertId]);
+        return {
+          loan: {
+            id: inserted.insertId,
+            member: loan.member,
+            isbn: loan.isbn,
+            issuedAt: loan.issuedAt,
+            return: null,
+          },
+        };
+      }
+      const [[refs]] = await on.query(
+        'SELECT EXISTS (SELECT 1 FROM book WHERE isbn = ?) AS book, EXISTS (SELECT 1 FROM member WHERE id = ?) AS member',
+        [loan.isbn, loan.member],
+      );
+      if (!refs.book) return { missing: 'isbn' };
+      if (!refs.member) return { missing: 'member' };
+      const [[{ lapsed, ...lent } = { lapsed: 1 }]] = await on.query(
+        `SELECT ${LOAN_COLUMNS}, intent_until_ms <= ${NOW_MS} AS lapsed FROM loan WHERE intent = ?`,
+        [intent],
+      );
+      if (!lapsed || attempt === 2) return { loan: lent };
+      await on.query(`UPDATE loan SET intent = NULL WHERE intent = ? AND intent_until_ms <= ${NOW_MS}`, [
+        intent,
+      ]);
+    }
+  }
+
+  return {
+    store,
+    /** A new loan and its receipt job commit together: on `tx` when given, else in a transaction of their own. */
+    async createLoan(loan, options = {}) {
+      if (options.tx) return lend(options.tx, loan, options);
+      const connection = await pool.getConnection();
+      try {
+        await connection.beginTransaction();
+        const lent = await lend(connection, loan, options);
+        await connection.commit();
+        return lent;
+      } catch (error) {
+        await connection.rollback().catch(() => {});
+        throw error;
+      } finally {
+        connection.release();
       }
     },
     listLoans: () => rows(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`),
     getLoan: async (id) => (await rows(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`, [id]))[0],
+    /**
+     * The receipts' outbox, as in sqlite.js. MySQL has no UPDATE … RETURNING: a claim marks its
+     * rows with a token of its own, then reads them back.
+     */
+    async claimReceiptJobs(limit, leaseMs) {
+      const claim = randomBytes(16);
+      await pool.query(
+        `UPDATE receipt_job SET attempts = attempts + 1, claimed_until_ms = ${NOW_MS} + ?, claim = ?
+         WHERE done_at_ms IS NULL AND claimed_until_ms <= ${NOW_MS} ORDER BY loan_id LIMIT ?`,
+        [leaseMs, claim, limit],
+      );
+      return rows('SELECT loan_id AS loanId, attempts AS delivery FROM receipt_job WHERE claim = ?', [claim]);
+    },
+    finishReceiptJob: (loanId) =>
+      pool.query(`UPDATE receipt_job SET done_at_ms = ${NOW_MS} WHERE loan_id = ?`, [loanId]),
+    recordReceipt: (receipt, { tx, leaseKey = null }) =>
+      (tx ?? pool).query('INSERT IGNORE INTO receipt (loan_id, body, lease_key) VALUES (?, ?, ?)', [
+        receipt.loanId,
+        JSON.stringify(receipt),
+        leaseKey,
+      ]),
+    async getReceipt(id) {
+      const [row] = await rows(
+        `SELECT j.attempts, r.body FROM receipt_job j LEFT JOIN receipt r ON r.loan_id = j.loan_id
+         WHERE j.loan_id = ? ORDER BY r.id LIMIT 1`,
+        [id],
+      );
+      const body = typeof row?.body === 'string' ? JSON.parse(row.body) : row?.body;
+      return row && { attempts: row.attempts, receipt: body ?? undefined };
+    },
     listBooks: () => rows('SELECT isbn, title, author FROM book ORDER BY isbn'),
     listMembers: () => rows('SELECT id, name FROM member ORDER BY id'),
     countLoans: async () => Number((await rows('SELECT count(*) AS n FROM loan'))[0].n),

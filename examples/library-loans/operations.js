@@ -18,17 +18,6 @@ const DURATION_BUCKETS_S = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 /** IPC: a worker asks the primary for the whole desk's metrics; the primary answers. */
 const METRICS_REQUEST = 'loan-desk:metrics-request';
 const METRICS_ANSWER = 'loan-desk:metrics-answer';
-/** IPC: the primary asks every worker for its series; each answers with them. */
-const SERIES_REQUEST = 'loan-desk:series-request';
-const SERIES_ANSWER = 'loan-desk:series-answer';
-
-/**
- * How long the primary waits for a live worker's series before the scrape fails: a worker answers
- * in milliseconds unless its event loop is stuck, and a stuck worker's totals are better missing
- * from a failed scrape than silently left out of a successful one. A worker that dies meanwhile is
- * not waited for.
- */
-const WORKER_SERIES_TIMEOUT_MS = 5000;
 
 /**
  * Writes at most `lines` lines per `intervalMs`; the rest are counted, and their count is written
@@ -204,30 +193,22 @@ function localRegistries() {
 }
 
 /**
- * A worker's registries: the desk's series, summed over the workers by the primary, and the
+ * A worker's registries: the desk's series, which the primary sums over the workers, and the
  * process metrics, which carry the worker's id: a sum or an average of N heaps, CPU times or
- * event-loop lags describes no process. The worker answers the primary's requests for both
- * (`aggregateWorkerMetrics`); `collect` asks the primary for the whole desk, whichever worker the
- * scrape lands on.
+ * event-loop lags describes no process. prom-client's `AggregatorRegistry` answers the primary's
+ * requests for both; `collect` asks the primary for the whole desk, whichever worker the scrape
+ * lands on.
  */
 function workerRegistries() {
   const registry = new client.Registry();
   const processRegistry = new client.Registry();
   processRegistry.setDefaultLabels({ worker: String(cluster.worker.id) });
+  client.AggregatorRegistry.setRegistries([registry, processRegistry]);
+  new client.AggregatorRegistry();
 
   const waiting = new Map();
   let lastId = 0;
   process.on('message', (message) => {
-    if (message?.type === SERIES_REQUEST) {
-      Promise.all([registry, processRegistry].map((r) => r.getMetricsAsJSON()))
-        .then(
-          (series) => ({ series }),
-          (error) => ({ error: error.message }),
-        )
-        // The callback takes the error of a primary gone meanwhile: there is no one left to answer.
-        .then((answer) => process.send({ type: SERIES_ANSWER, id: message.id, ...answer }, () => {}));
-      return;
-    }
     if (message?.type !== METRICS_ANSWER) return;
     waiting.get(message.id)?.(message);
     waiting.delete(message.id);
@@ -238,86 +219,28 @@ function workerRegistries() {
       waiting.set(id, (answer) =>
         answer.error === undefined ? resolve(answer.text) : reject(new Error(answer.error)),
       );
-      process.send({ type: METRICS_REQUEST, id }, (error) => {
-        if (!error) return;
-        waiting.delete(id);
-        reject(error);
-      });
+      process.send({ type: METRICS_REQUEST, id });
     });
   return { registry, processRegistry, collect };
 }
 
 /**
  * The primary of `WORKERS=N`: answers a worker's request for the desk's metrics with prom-client's
- * aggregate of the series of every worker in `listening` (`listeningWorkers`): counters and
- * histograms summed, process metrics one series per worker. A worker that dies before it answers is left out, at once: its counts leave
- * the totals as they would after its death anyway. One alive that has not answered within
- * `WORKER_SERIES_TIMEOUT_MS` fails the scrape.
+ * `clusterMetrics()`, the series of every connected worker added up (counters and histograms
+ * summed, process metrics one series per worker). A worker that does not answer within 5 s (one
+ * stuck, or one that died or was just forked while the primary asked) fails the scrape, which the
+ * next scrape makes up for.
  */
-export function aggregateWorkerMetrics(listening) {
-  const collections = new Map();
-  let lastId = 0;
-
-  function collectDesk() {
-    return new Promise((resolve, reject) => {
-      const id = ++lastId;
-      const waiting = new Set();
-      const series = [];
-      const settle = (error) => {
-        clearTimeout(timer);
-        collections.delete(id);
-        if (error) reject(error);
-        else resolve(client.AggregatorRegistry.aggregate(series).metrics());
-      };
-      const leaveOut = (worker) => {
-        if (waiting.delete(worker.id) && waiting.size === 0) settle();
-      };
-      const timer = setTimeout(
-        () =>
-          settle(
-            new Error(
-              `worker ${[...waiting].join(', ')} did not answer within ${WORKER_SERIES_TIMEOUT_MS} ms`,
-            ),
-          ),
-        WORKER_SERIES_TIMEOUT_MS,
-      );
-      collections.set(id, {
-        leaveOut,
-        answered(worker, answer) {
-          if (!waiting.has(worker.id)) return;
-          if (answer.error !== undefined) return settle(new Error(answer.error));
-          series.push(...answer.series);
-          leaveOut(worker);
-        },
-      });
-      for (const worker of Object.values(cluster.workers)) {
-        if (!listening.has(worker) || !worker.isConnected()) continue;
-        waiting.add(worker.id);
-        // A worker dead but not yet seen dead fails the write here, or never answers: its exit
-        // leaves it out. Without this callback the failed write is an 'error' that ends the primary.
-        worker.send({ type: SERIES_REQUEST, id }, (error) => error && leaveOut(worker));
-      }
-      if (waiting.size === 0) settle();
-    });
-  }
-
+export function aggregateWorkerMetrics() {
+  const aggregator = new client.AggregatorRegistry();
+  // clusterMetrics() writes to every connected worker without a callback: to one dead but not yet
+  // seen dead the write fails with an 'error', which unheard would end the primary.
+  cluster.on('fork', (worker) => worker.on('error', () => {}));
   cluster.on('message', (worker, message) => {
-    if (message?.type === SERIES_ANSWER) {
-      collections.get(message.id)?.answered(worker, message);
-      return;
-    }
     if (message?.type !== METRICS_REQUEST) return;
-    collectDesk()
-      .then(
-        (text) => ({ text }),
-        (error) => ({ error: error.message }),
-      )
-      // The callback takes the error of a worker gone meanwhile: there is no one left to answer.
-      .then((answer) => worker.send({ type: METRICS_ANSWER, id: message.id, ...answer }, () => {}));
+    aggregator.clusterMetrics().then(
+      (text) => worker.send({ type: METRICS_ANSWER, id: message.id, text }),
+      (error) => worker.send({ type: METRICS_ANSWER, id: message.id, error: error.message }),
+    );
   });
-  const leaveOutEverywhere = (worker) => {
-    for (const collection of collections.values()) collection.leaveOut(worker);
-  };
-  cluster.on('disconnect', leaveOutEverywhere);
-  cluster.on('exit', leaveOutEverywhere);
 }

@@ -4,8 +4,7 @@ import { describeAdminAccess } from './admin.js';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
 import { openDatabase } from './database.js';
-import { listeningWorkers } from './listening-workers.js';
-import { rescueLostConnections, takeLostConnections } from './lost-connections.js';
+import { behindFaultFront, startFaultFront } from './fault-front.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
 /**
@@ -15,13 +14,15 @@ import { aggregateWorkerMetrics } from './operations.js';
 const SHUTDOWN_GRACE_MS = 5000;
 
 async function serve(config, { setup }) {
-  const desk = await startLoanDesk(config, { setup });
+  const desk = await startLoanDesk(config.demoFaults ? behindFaultFront(config) : config, { setup });
+  // With WORKERS=N the primary runs the front, once every worker listens.
+  const front = config.demoFaults && cluster.isPrimary ? await startFaultFront(config, desk.port) : undefined;
   if (cluster.isWorker) {
-    takeLostConnections(desk.server);
     console.log(`worker ${process.pid} serving ${desk.url}`);
   } else {
-    console.log(`loan desk listening on ${desk.url} (${describe(config)})`);
-    console.log(describeAdminAccess(config, desk.url));
+    const url = front ? deskUrl(config.host, front.port) : desk.url;
+    console.log(`loan desk listening on ${url} (${describe(config)})`);
+    console.log(describeAdminAccess(config, url));
   }
   // Unlike the database, which the setup needs, Redis holds nothing to set up: the desk serves
   // while it is down (keyed loans 503, the rest as usual) and recovers by itself, as after an
@@ -37,7 +38,7 @@ async function serve(config, { setup }) {
   }
   const who = cluster.isWorker ? `loan desk worker ${process.pid}` : 'loan desk';
   const stop = (signal) => {
-    const closed = desk.close();
+    const closed = desk.close().then(() => front?.close());
     console.log(
       `${who}: ${signal}: stopped accepting connections; finishing the requests in flight (at most ${SHUTDOWN_GRACE_MS / 1000} s)`,
     );
@@ -56,12 +57,16 @@ async function serve(config, { setup }) {
 
 /**
  * The primary of `WORKERS=N`: creates the schema and catalog once, then forks N workers that share
- * the port (node:cluster hands them the connections) and the database, and adds up their metrics
- * for `GET /metrics`. A worker that dies after the desk is up is replaced, and a connection handed
- * to it that it never took is served by another (`rescueLostConnections`); one that dies during
- * start stops the desk, as it would die again.
+ * the port and the database, and adds up their metrics for `GET /metrics`. A worker that dies after
+ * the desk is up is replaced; one that dies during start stops the desk, as it would die again.
+ *
+ * The workers accept connections themselves (`SCHED_NONE`) rather than have the primary deal them
+ * out in turn (node:cluster's default on Linux): a connection the primary dealt to a worker killed
+ * before it took it stays open, unanswered, for good (node 20). Accepted by the worker, it dies with
+ * it: its client sees the connection reset and retries, which its `Idempotency-Key` makes safe.
  */
 async function supervise(config) {
+  cluster.schedulingPolicy = cluster.SCHED_NONE;
   const database = await openDatabase(config, { setup: true });
   await database.close();
   if (config.keys.kind === 'memory') {
@@ -69,20 +74,27 @@ async function supervise(config) {
       'loan desk: IDEMPOTENCY_STORE=memory keeps keys per worker; retries landing on another worker run again',
     );
   }
-  // A worker answers questions and takes connections once its desk listens.
-  const workersListening = listeningWorkers();
-  aggregateWorkerMetrics(workersListening);
-  rescueLostConnections(workersListening);
+  aggregateWorkerMetrics();
   let ready = false;
   let stopping = false;
   let listening = 0;
+  const announce = (port) => {
+    const url = deskUrl(config.host, port);
+    console.log(`loan desk listening on ${url} (${config.workers} workers; ${describe(config)})`);
+    console.log(describeAdminAccess(config, url));
+  };
   cluster.on('listening', (_worker, address) => {
     if (ready || ++listening < config.workers) return;
     ready = true;
-    console.log(
-      `loan desk listening on ${deskUrl(config.host, address.port)} (${config.workers} workers; ${describe(config)})`,
+    if (!config.demoFaults) return announce(address.port);
+    // The workers listen on one port: behind the front, the same free one (node:cluster's listen(0)).
+    startFaultFront(config, address.port).then(
+      (front) => announce(front.port),
+      (error) => {
+        console.error(`loan desk: the fault proxy cannot listen: ${error.message}`);
+        process.exit(1);
+      },
     );
-    console.log(describeAdminAccess(config, deskUrl(config.host, address.port)));
   });
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) {

@@ -21,6 +21,18 @@ const SCHEMA = `
     status TEXT NOT NULL DEFAULT 'pending',
     charge_id TEXT,
     intent TEXT UNIQUE
+  );
+  CREATE TABLE IF NOT EXISTS receipt_job (
+    loan_id INTEGER PRIMARY KEY REFERENCES loan (id),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    claimed_until_ms INTEGER NOT NULL DEFAULT 0,
+    done_at_ms INTEGER
+  );
+  CREATE TABLE IF NOT EXISTS receipt (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    loan_id INTEGER NOT NULL REFERENCES loan (id),
+    body TEXT NOT NULL,
+    lease_key TEXT UNIQUE
   );`;
 // The unique intent of a keyed loan (see postgres.js); a database made before it gains the column.
 const INTENT_INDEX = 'CREATE UNIQUE INDEX IF NOT EXISTS loan_intent ON loan (intent)';
@@ -115,6 +127,21 @@ async function openTables(store, reader, { setup, now }) {
   const payFine = db.prepare(
     `UPDATE fine SET status = 'paid', charge_id = @chargeId WHERE id = @id RETURNING ${FINE_COLUMNS}`,
   );
+  const queueReceipt = db.prepare('INSERT INTO receipt_job (loan_id) VALUES (?)');
+  const claimReceipts = db.prepare(
+    `UPDATE receipt_job SET attempts = attempts + 1, claimed_until_ms = @until
+     WHERE loan_id IN (SELECT loan_id FROM receipt_job
+                       WHERE done_at_ms IS NULL AND claimed_until_ms <= @now ORDER BY loan_id LIMIT @limit)
+     RETURNING loan_id AS loanId, attempts AS delivery`,
+  );
+  const finishReceipt = db.prepare('UPDATE receipt_job SET done_at_ms = ? WHERE loan_id = ?');
+  const insertReceipt = db.prepare(
+    'INSERT INTO receipt (loan_id, body, lease_key) VALUES (@loanId, @body, @leaseKey) ON CONFLICT (lease_key) DO NOTHING',
+  );
+  const receiptOf = reader.prepare(
+    `SELECT j.attempts, r.body FROM receipt_job j LEFT JOIN receipt r ON r.loan_id = j.loan_id
+     WHERE j.loan_id = ? ORDER BY r.id LIMIT 1`,
+  );
   const clock = now ?? Date.now;
   const allLoans = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`);
   const oneLoan = reader.prepare(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`);
@@ -134,11 +161,17 @@ async function openTables(store, reader, { setup, now }) {
     const until = intent === null ? null : nowMs + intentTtlMs;
     const row = { member: loan.member, isbn: loan.isbn, issuedAt: loan.issuedAt, intent, until };
     const made = insertLoan.get(row);
-    if (made) return { loan: made };
+    if (made) return { loan: withReceiptJob(made) };
     const { intent_until_ms: lentUntil, ...lent } = lentLoan.get(intent);
     if (lentUntil > nowMs) return { loan: lent };
     forgetIntent.run(intent);
-    return { loan: insertLoan.get(row) };
+    return { loan: withReceiptJob(insertLoan.get(row)) };
+  }
+
+  /** A new loan's receipt job, in the loan's transaction: it commits (or rolls back) with it. */
+  function withReceiptJob(loan) {
+    queueReceipt.run(loan.id);
+    return loan;
   }
 
   return {
@@ -165,6 +198,24 @@ async function openTables(store, reader, { setup, now }) {
     markFinePaid: (id, chargeId, { tx } = {}) => {
       const pay = () => payFine.get({ id, chargeId });
       return tx ? pay() : store.transaction(pay);
+    },
+    /**
+     * The receipts' outbox (see receipts.js): claims up to `limit` unsent jobs for `leaseMs` (a
+     * job whose claimer died is claimed again once that passed), each with its delivery number.
+     */
+    claimReceiptJobs: (limit, leaseMs) =>
+      store.transaction(() => claimReceipts.all({ now: clock(), until: clock() + leaseMs, limit })),
+    finishReceiptJob: (loanId) => store.transaction(() => finishReceipt.run(clock(), loanId)),
+    /** Writes a receipt on `tx` (atomic mode); `leaseKey` (lease mode) lets a second write do nothing. */
+    recordReceipt: (receipt, { tx, leaseKey = null }) => {
+      const write = () =>
+        insertReceipt.run({ loanId: receipt.loanId, body: JSON.stringify(receipt), leaseKey });
+      return tx ? write() : store.transaction(write);
+    },
+    /** `{ attempts, receipt }` of loan `id`'s receipt job (`receipt` once sent), or undefined. */
+    getReceipt: async (id) => {
+      const row = receiptOf.get(id);
+      return row && { attempts: row.attempts, receipt: row.body === null ? undefined : JSON.parse(row.body) };
     },
     getFine: async (id) => oneFine.get(id),
     listFines: async (member) => (member === undefined ? allFines.all() : finesOf.all(member)),

@@ -11,9 +11,6 @@ const DIST_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.resolve('re
 const TYPES = { '.html': 'text/html', '.css': 'text/css', '.js': 'text/javascript' };
 const MODULE_PATH = /^[\w-]+(\/[\w-]+)*\.js$/;
 
-/** The header the page sets on an attempt whose answer the desk should lose (see `DEMO_FAULTS`). */
-export const LOSE_RESPONSE_HEADER = 'x-demo-lose-response';
-
 // Read once: the pages are a handful of small files, and a fixed set leaves no path to traverse.
 const files = new Map(
   readdirSync(PAGES_DIR).map((name) => [
@@ -66,27 +63,5 @@ export function webRoutes({ demoFaults }) {
       return true;
     }
     return false;
-  };
-}
-
-/**
- * `DEMO_FAULTS=1` only: a request carrying {@link LOSE_RESPONSE_HEADER} is carried out (the loan
- * lent, the key's response committed) and then its answer is lost on the way back: the desk closes
- * the connection instead of writing it, as a dropped network would. Without `DEMO_FAULTS` the
- * header is ignored.
- */
-export function losingMarkedAnswers(handler, { demoFaults }) {
-  if (!demoFaults) return handler;
-  return function losingHandler(req, res) {
-    if (req.headers[LOSE_RESPONSE_HEADER] === '1') {
-      // The idempotency guard writes through these only after the commit; while the handler
-      // runs it has them swapped for its capture.
-      const lose = () => {
-        req.socket.destroy();
-        return res;
-      };
-      Object.assign(res, { writeHead: lose, write: lose, end: lose });
-    }
-    return handler(req, res);
   };
 }

@@ -2,7 +2,6 @@ import type { OutgoingHttpHeaders } from 'node:http';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 import {
   createIdempotency,
-  ErrorCode,
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
@@ -12,11 +11,10 @@ import {
 } from '../core/index.js';
 import {
   capture,
-  closeAfterDrain,
+  clearForAnswer,
   keyHeaderOf,
   type RenderErrorsOption,
   readBody,
-  resetHeaders,
   send,
   sendAnswer,
   splitAdapterOptions,
@@ -93,9 +91,7 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
         return sendAnswer(res, outcome, before);
       case 'rejected':
         // Atomic mode could not commit what the handler answered: none of it may reach the client.
-        if (before) resetHeaders(res, before);
-        // The rest of an oversized body is still on its way: whoever answers, read it off first.
-        if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(req, res);
+        clearForAnswer(req, res, before, outcome.error);
         if (!renderErrors) return next(outcome.error);
         return send(res, engine.render(outcome.error));
     }

@@ -23,14 +23,11 @@ import {
   captureBody,
   checkAdapterOptions,
   closeAfterDrain,
-  type RenderErrorsOption,
   splitAdapterOptions,
 } from './kit/index.js';
 
 /** Options of the `retrysafe/fastify` plugin: the engine's, plus the plugin's own. */
-export interface FastifyIdempotencyOptions
-  extends IdempotencyOptions<FastifyRequest, RegisteredTx>,
-    RenderErrorsOption {
+export interface FastifyIdempotencyOptions<Tx = RegisteredTx> extends IdempotencyOptions<FastifyRequest, Tx> {
   /**
    * `true`: the plugin answers engine errors (bad or missing key 400, conflict 409/422, in
    * progress 409, body too large 413, store down 503) itself, as JSON (or `onError`'s rendering).

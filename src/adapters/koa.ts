@@ -3,7 +3,6 @@ import { Readable } from 'node:stream';
 import type { Context, Middleware } from 'koa';
 import {
   createIdempotency,
-  ErrorCode,
   type Idempotency,
   type IdempotencyContext,
   type IdempotencyOptions,
@@ -14,11 +13,10 @@ import {
 } from '../core/index.js';
 import {
   captureBody,
-  closeAfterDrain,
+  clearForAnswer,
   keyHeaderOf,
   type RenderErrorsOption,
   readBody,
-  resetHeaders,
   splitAdapterOptions,
 } from './kit/index.js';
 
@@ -38,10 +36,10 @@ export interface KoaIdempotencyOptions<Tx = RegisteredTx>
   renderErrors?: boolean;
 }
 
-/** The state the middleware sets: `ctx.state.idempotency`. */
-export interface IdempotencyState {
+/** The state the middleware sets: `ctx.state.idempotency`, its `tx` the store's. */
+export interface IdempotencyState<Tx = RegisteredTx> {
   /** Set on requests guarded by an Idempotency-Key; `undefined` otherwise. */
-  idempotency: IdempotencyContext | undefined;
+  idempotency: IdempotencyContext<Tx> | undefined;
 }
 
 // These statuses carry no body; Koa strips whatever ctx.body holds.
@@ -66,7 +64,9 @@ const EMPTY_STATUS = new Set([204, 205, 304]);
  *   ctx.body = { id, key: ctx.state.idempotency?.key };
  * });
  */
-export function idempotency<Tx = RegisteredTx>(options: KoaIdempotencyOptions<Tx>): Middleware {
+export function idempotency<Tx = RegisteredTx>(
+  options: KoaIdempotencyOptions<Tx>,
+): Middleware<IdempotencyState<Tx>> {
   const { renderErrors, engineOptions } = splitAdapterOptions('koa idempotency()', options);
   const engine = createIdempotency<Context, Tx>(engineOptions);
 
@@ -104,13 +104,11 @@ export function idempotency<Tx = RegisteredTx>(options: KoaIdempotencyOptions<Tx
         return;
       case 'replayed':
         // After downstream ran too when its lease was lost: none of its headers may leak.
-        if (before) resetHeaders(ctx.res, before);
+        clearForAnswer(ctx.req, ctx.res, before);
         return answer(ctx, outcome.response);
       case 'rejected':
         // Atomic mode could not commit what downstream answered: none of it may reach the client.
-        if (before) resetHeaders(ctx.res, before);
-        // The rest of an oversized body is still on its way: whoever answers, read it off first.
-        if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(ctx.req, ctx.res);
+        clearForAnswer(ctx.req, ctx.res, before, outcome.error);
         if (!renderErrors) throw outcome.error;
         return answer(ctx, engine.render(outcome.error));
     }

@@ -7,29 +7,29 @@ import {
   type InjectionToken,
   type ModuleMetadata,
   type NestInterceptor,
+  Next,
+  Res,
 } from '@nestjs/common';
-import { RESPONSE_PASSTHROUGH_METADATA, ROUTE_ARGS_METADATA } from '@nestjs/common/constants.js';
-import { RouteParamtypes } from '@nestjs/common/enums/route-paramtypes.enum.js';
 import { APP_INTERCEPTOR } from '@nestjs/core';
 import { Observable, type Subscriber } from 'rxjs';
 import {
   createIdempotency,
-  ErrorCode,
   type Idempotency,
   type IdempotencyContext,
+  type IdempotencyError,
   type IdempotencyOptions,
   parsedBody,
+  type RegisteredTx,
   type RequestBody,
   type StoredResponse,
 } from '../core/index.js';
-import { ResponseCollector } from '../core/response/index.js';
 import {
   capture,
-  closeAfterDrain,
+  clearForAnswer,
+  discard,
   engineOptionsOf,
   keyHeaderOf,
   readBody,
-  resetHeaders,
   send,
   sendAnswer,
   toDictionaryMode,
@@ -51,16 +51,16 @@ export interface NestRequest {
 }
 
 /** Options of `RetrysafeModule.forRoot`: the engine's over Nest's request. */
-export type NestIdempotencyOptions = IdempotencyOptions<NestRequest>;
+export type NestIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<NestRequest, Tx>;
 
 /** A route's own options, merged over the module's; `false` leaves the route unguarded. */
-export type RouteIdempotency = Partial<Omit<NestIdempotencyOptions, 'store'>> | false;
+export type RouteIdempotency = Partial<Omit<NestIdempotencyOptions<unknown>, 'store'>> | false;
 
 /** The injection token of the module's options (what `forRootAsync`'s factory returns). */
 export const RETRYSAFE_OPTIONS: InjectionToken = Symbol('retrysafe options');
 
 const routeOptions = new WeakMap<object, RouteIdempotency>();
-const contexts = new WeakMap<object, IdempotencyContext>();
+const contexts = new WeakMap<object, IdempotencyContext<unknown>>();
 
 /**
  * Per-route (on a method) or per-controller (on a class) options over the module's: e.g.
@@ -74,7 +74,9 @@ export function Idempotent(options: RouteIdempotency = {}): MethodDecorator & Cl
 
 /**
  * The handler parameter holding the request's {@link IdempotencyContext} (`key`, `scope`, `tx`
- * in atomic mode, `downstreamKey(purpose)`); `undefined` when the request is not guarded.
+ * in atomic mode, `downstreamKey(purpose)`); `undefined` when the request is not guarded. A
+ * parameter decorator carries no type: annotate it `IdempotencyContext` (its `tx` is the
+ * transaction type the project registers) or `IdempotencyContext<YourTx>`.
  */
 export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(
   (_data: unknown, context: ExecutionContext) => contexts.get(context.switchToHttp().getRequest()),
@@ -91,16 +93,14 @@ export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(
  * Register it app-wide with {@link RetrysafeModule}, or `app.useGlobalInterceptors(new
  * IdempotencyInterceptor({ store }))`.
  */
-export class IdempotencyInterceptor implements NestInterceptor {
-  readonly #options: NestIdempotencyOptions;
-  readonly #engine: Idempotency<NestRequest, unknown>;
-  readonly #routeEngines = new WeakMap<object, Idempotency<NestRequest, unknown> | undefined>();
+export class IdempotencyInterceptor<Tx = RegisteredTx> implements NestInterceptor {
+  readonly #options: NestIdempotencyOptions<Tx>;
+  readonly #engine: Idempotency<NestRequest, Tx>;
+  readonly #routeEngines = new WeakMap<object, Idempotency<NestRequest, Tx> | undefined>();
 
-  constructor(options: NestIdempotencyOptions) {
+  constructor(options: NestIdempotencyOptions<Tx>) {
     this.#options = options;
-    this.#engine = createIdempotency<NestRequest, unknown>(
-      engineOptionsOf('RetrysafeModule options', options),
-    );
+    this.#engine = createIdempotency<NestRequest, Tx>(engineOptionsOf('RetrysafeModule options', options));
   }
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -117,7 +117,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
       toDictionaryMode(rawReq);
       toDictionaryMode(res);
     }
-    const handled = respondsItself(context);
+    const handled = respondsItself(context.getClass(), context.getHandler());
     return new Observable((subscriber) => {
       // Headers set before the route ran (middleware, @Header): kept on every answer.
       const before = res.getHeaders();
@@ -136,7 +136,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
           },
           (ctx) => {
             ran = true;
-            contexts.set(req, ctx as IdempotencyContext);
+            contexts.set(req, ctx);
             return capture(engine, res, () => runRoute(next, subscriber), engine.answerHeaders(ctx.key));
           },
         )
@@ -148,11 +148,17 @@ export class IdempotencyInterceptor implements NestInterceptor {
               return sendAnswer(res, outcome, before);
             case 'replayed':
               // After the route ran too when its lease was lost: its own response is dropped.
-              return answerInstead(res, before, outcome.response, handled || ran, subscriber);
+              return answerInstead(rawReq, res, before, outcome.response, handled || ran, subscriber);
             case 'rejected':
-              // The rest of an oversized body is still on its way: read it off before answering.
-              if (outcome.error.code === ErrorCode.bodyTooLarge) closeAfterDrain(rawReq, res);
-              return answerInstead(res, before, engine.render(outcome.error), handled || ran, subscriber);
+              return answerInstead(
+                rawReq,
+                res,
+                before,
+                engine.render(outcome.error),
+                handled || ran,
+                subscriber,
+                outcome.error,
+              );
           }
         })
         // The handler's own error (the key is released by now), or the user's `scope` failing:
@@ -161,7 +167,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
     });
   }
 
-  #engineFor(context: ExecutionContext): Idempotency<NestRequest, unknown> | undefined {
+  #engineFor(context: ExecutionContext): Idempotency<NestRequest, Tx> | undefined {
     const handler = context.getHandler();
     if (this.#routeEngines.has(handler)) return this.#routeEngines.get(handler);
     const own = routeOptions.get(handler) ?? routeOptions.get(context.getClass());
@@ -170,7 +176,7 @@ export class IdempotencyInterceptor implements NestInterceptor {
         ? undefined
         : own === undefined
           ? this.#engine
-          : createIdempotency<NestRequest, unknown>({
+          : createIdempotency<NestRequest, Tx>({
               ...this.#options,
               ...engineOptionsOf('@Idempotent() options', own),
             });
@@ -193,23 +199,22 @@ function runRoute(next: CallHandler, subscriber: Subscriber<unknown>): Promise<v
   });
 }
 
-// What a route sends after a replay or an engine error was: held whole, whatever its size, and dropped.
-const dropped = { collect: () => new ResponseCollector(Number.POSITIVE_INFINITY, 'stream', []) };
-
 /**
  * Sends a replay or an engine error in place of the route. Nest still sends a response of its
- * own once the interceptor completes, unless the route took `@Res()`: that one is captured and
- * dropped. After the route ran (atomic mode could not commit), nothing of it may leak.
+ * own once the interceptor completes, unless the route took `@Res()`: that one is discarded.
+ * After the route ran (atomic mode could not commit), nothing of it may leak.
  */
 function answerInstead(
+  req: IncomingMessage,
   res: ServerResponse,
   before: OutgoingHttpHeaders,
   response: StoredResponse,
   nestIsDone: boolean,
   subscriber: Subscriber<unknown>,
+  error?: IdempotencyError,
 ): void {
   const answer = () => {
-    resetHeaders(res, before);
+    clearForAnswer(req, res, before, error);
     send(res, response);
   };
   if (nestIsDone) {
@@ -219,22 +224,54 @@ function answerInstead(
     subscriber.complete();
     return;
   }
-  capture(dropped, res, () => {
+  discard(res, () => {
     subscriber.next(undefined);
     subscriber.complete();
   }).then(answer, (error: unknown) => subscriber.error(error));
 }
 
+// Nest records a route's parameters as metadata of its controller method, under names that are
+// not public API. A probe decorated with Nest's public @Res() and @Next() shows where and how
+// each is recorded; a route is then read the same way.
+class Probe {}
+let probes = 0;
+
+/** The metadata key and parameter entry `decorator` records for parameter `index` of a method. */
+function recordOf(decorator: ParameterDecorator, index: number): { keys: string[]; entry: string } {
+  const method = `probe${probes++}`;
+  decorator(Probe.prototype, method, index);
+  const keys: string[] = Reflect.getOwnMetadataKeys(Probe, method);
+  return { keys, entry: Object.keys(Reflect.getOwnMetadata(keys[0], Probe, method) ?? {})[0] as string };
+}
+
+const ROUTE_ARGS = recordOf(Res(), 0).keys[0];
+const PASSTHROUGH = recordOf(Res({ passthrough: true }), 0).keys.find((key) => key !== ROUTE_ARGS);
+const leavesResponse = new Map<number, [string, string]>();
+
+/** The entries of a route parameter at `index` that take the response from Nest: `@Res()`, `@Next()`. */
+function takingResponse(index: number): [string, string] {
+  let entries = leavesResponse.get(index);
+  if (entries === undefined) {
+    entries = [recordOf(Res(), index).entry, recordOf(Next(), index).entry];
+    leavesResponse.set(index, entries);
+  }
+  return entries;
+}
+
+const respondingRoutes = new WeakMap<object, boolean>();
+
 /** Nest leaves the response to a route that takes `@Res()` or `@Next()` without passthrough. */
-function respondsItself(context: ExecutionContext): boolean {
-  const host = context.getClass();
-  const method = context.getHandler().name;
-  const params: Record<string, unknown> = Reflect.getMetadata(ROUTE_ARGS_METADATA, host, method) ?? {};
-  const takesResponse = Object.keys(params).some((key) => {
-    const type = Number(key.split(':')[0]);
-    return type === RouteParamtypes.RESPONSE || type === RouteParamtypes.NEXT;
-  });
-  return takesResponse && !Reflect.getMetadata(RESPONSE_PASSTHROUGH_METADATA, host, method);
+function respondsItself(host: object, handler: { readonly name: string }): boolean {
+  let responds = respondingRoutes.get(handler);
+  if (responds !== undefined) return responds;
+  const method = handler.name;
+  const params: Record<string, { index: number }> = Reflect.getMetadata(ROUTE_ARGS, host, method) ?? {};
+  const takesResponse = Object.entries(params).some(([entry, { index }]) =>
+    takingResponse(index).includes(entry),
+  );
+  responds = takesResponse && !(PASSTHROUGH && Reflect.getMetadata(PASSTHROUGH, host, method));
+  respondingRoutes.set(handler, responds);
+  return responds;
 }
 
 async function bodyOf(
@@ -255,8 +292,8 @@ async function bodyOf(
 }
 
 /** Options of `RetrysafeModule.forRootAsync`: a factory of the options, with what it injects. */
-export interface RetrysafeModuleAsyncOptions extends Pick<ModuleMetadata, 'imports'> {
-  useFactory: (...args: never[]) => NestIdempotencyOptions | Promise<NestIdempotencyOptions>;
+export interface RetrysafeModuleAsyncOptions<Tx = RegisteredTx> extends Pick<ModuleMetadata, 'imports'> {
+  useFactory: (...args: never[]) => NestIdempotencyOptions<Tx> | Promise<NestIdempotencyOptions<Tx>>;
   inject?: InjectionToken[];
 }
 
@@ -270,7 +307,7 @@ export interface RetrysafeModuleAsyncOptions extends Pick<ModuleMetadata, 'impor
  */
 // biome-ignore lint/complexity/noStaticOnlyClass: Nest names a dynamic module by its class.
 export class RetrysafeModule {
-  static forRoot(options: NestIdempotencyOptions): DynamicModule {
+  static forRoot<Tx = RegisteredTx>(options: NestIdempotencyOptions<Tx>): DynamicModule {
     // Built here so bad options fail at startup, not at the first request.
     const interceptor = new IdempotencyInterceptor(options);
     return {
@@ -283,7 +320,7 @@ export class RetrysafeModule {
     };
   }
 
-  static forRootAsync(options: RetrysafeModuleAsyncOptions): DynamicModule {
+  static forRootAsync<Tx = RegisteredTx>(options: RetrysafeModuleAsyncOptions<Tx>): DynamicModule {
     return {
       module: RetrysafeModule,
       imports: options.imports ?? [],
@@ -291,7 +328,7 @@ export class RetrysafeModule {
         { provide: RETRYSAFE_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] },
         {
           provide: APP_INTERCEPTOR,
-          useFactory: (resolved: NestIdempotencyOptions) => new IdempotencyInterceptor(resolved),
+          useFactory: (resolved: NestIdempotencyOptions<Tx>) => new IdempotencyInterceptor(resolved),
           inject: [RETRYSAFE_OPTIONS],
         },
       ],

@@ -12,12 +12,12 @@ import {
 } from '../core/index.js';
 import {
   capture,
+  clearForAnswer,
   closeAfterDrain,
   engineOptionsOf,
   internalError,
   keyHeaderOf,
   readBody,
-  resetHeaders,
   send,
   sendAnswer,
 } from './kit/index.js';
@@ -121,11 +121,11 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
             return sendAnswer(res, outcome, before);
           case 'rejected':
             // Atomic mode could not commit what the handler answered: none of it may reach the client.
-            if (before) resetHeaders(res, before);
+            clearForAnswer(req, res, before);
             return send(res, engine.render(outcome.error));
         }
       } catch (error) {
-        if (before && !res.headersSent) resetHeaders(res, before);
+        if (!res.headersSent) clearForAnswer(req, res, before);
         internalError(res, error);
       }
     }

@@ -72,11 +72,20 @@ export function newToken(): string {
 }
 
 /**
- * A record must outlive its lease: were retention shorter, the record would read as absent while
- * its owner still runs, and a retry would run the handler a second time.
+ * A table or schema name safe to put into the SQL stores' statements: letters, digits and `_`, not starting with a digit, at most `maxLength` characters (PostgreSQL and SQLite take
+ * 63, MySQL 64), so that no option can smuggle SQL in.
  */
-export function expiresAtMs(nowMs: number, leaseMs: number, ttlMs: number): number {
-  return nowMs + Math.max(leaseMs, ttlMs);
+export function sqlIdentifier(owner: string, option: string, value: unknown, maxLength = 63): string {
+  const pattern = new RegExp(`^[A-Za-z_][A-Za-z0-9_]{0,${maxLength - 1}}$`);
+  if (typeof value !== 'string' || !pattern.test(value)) {
+    throw new ConfigError(`${owner}: \`${option}\` must match ${pattern} (got ${JSON.stringify(value)})`);
+  }
+  return value;
+}
+
+/** A response body as the drivers take it, without copying one that already is a `Buffer`. */
+export function toBuffer(body: Uint8Array): Buffer {
+  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
 }
 
 export function requirePositiveInteger(owner: string, option: string, value: unknown): number {

@@ -15,7 +15,6 @@ import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
-  expiresAtMs,
   keysetPage,
   listRequest,
   newToken,
@@ -149,7 +148,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       existing.token = newToken();
       existing.createdAtMs = nowMs;
       existing.leaseUntilMs = nowMs + input.leaseMs;
-      existing.expiresAtMs = expiresAtMs(nowMs, input.leaseMs, input.ttlMs);
+      existing.expiresAtMs = nowMs + input.retainMs;
       return { outcome: 'acquired', token: existing.token, steps: [...existing.steps] };
     }
     makeRoom(nowMs);
@@ -161,7 +160,7 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       createdAtMs: nowMs,
       token,
       leaseUntilMs: nowMs + input.leaseMs,
-      expiresAtMs: expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+      expiresAtMs: nowMs + input.retainMs,
       steps: [],
     });
     return { outcome: 'acquired', token };

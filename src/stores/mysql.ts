@@ -31,8 +31,10 @@ import {
   recordId,
   requirePositiveInteger,
   type SummaryRow,
+  sqlIdentifier,
   stepsOf,
   summaryOf,
+  toBuffer,
   Waiters,
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
@@ -87,7 +89,6 @@ export interface MysqlStore extends AtomicStore<PoolConnection>, PhaseStore<Pool
   readonly pool: Pool;
 }
 
-const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,63}$/;
 /**
  * A claim that finds the record changing under it (released, purged or taken over between its
  * write and its read, or a deadlock InnoDB broke) asks again; a few rounds settle any realistic
@@ -111,16 +112,7 @@ const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
 /** A table made before steps existed: `migrate` adds their columns. */
 const ER_BAD_FIELD_ERROR = 'ER_BAD_FIELD_ERROR';
 
-function identifier(name: string, value: string): string {
-  if (!IDENTIFIER.test(value)) {
-    throw new ConfigError(`mysqlStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`);
-  }
-  return value;
-}
-
-function toBuffer(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-}
+const identifier = (name: string, value: string) => sqlIdentifier('mysqlStore', name, value, 64);
 
 /**
  * The statements `migrate()` runs, in order, on one connection, for a migration tool of your own
@@ -263,19 +255,23 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
   const TAKE = `(token = :token OR expires_at_ms <= ${NOW_MS}
     OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND fingerprint = :fingerprint))`;
   const CLAIM = `INSERT INTO ${t} (scope, \`key\`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-    VALUES (:scope, :key, :fingerprint, :token, ${NOW_MS} + :leaseMs, ${NOW_MS}, ${NOW_MS} + :retainMs)
+    VALUES (:scope, :key, :fingerprint, :token, ${NOW_MS} + :leaseMs, ${NOW_MS} + LAST_INSERT_ID(0),
+      ${NOW_MS} + :retainMs)
     ON DUPLICATE KEY UPDATE
       steps = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, NULL, steps), steps),
       request = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, NULL, request), request),
       token = IF(${TAKE}, :token, token),
       fingerprint = IF(${TAKE}, :fingerprint, fingerprint),
       lease_until_ms = IF(${TAKE}, ${NOW_MS} + :leaseMs, lease_until_ms),
-      created_at_ms = IF(${TAKE}, ${NOW_MS}, created_at_ms),
+      created_at_ms = IF(${TAKE}, ${NOW_MS}, created_at_ms) + LAST_INSERT_ID(1) - 1,
       expires_at_ms = IF(${TAKE}, ${NOW_MS} + :retainMs, expires_at_ms),
       status = IF(${TAKE}, NULL, status),
       headers = IF(${TAKE}, NULL, headers),
       body = IF(${TAKE}, NULL, body),
       completed_at_ms = IF(${TAKE}, NULL, completed_at_ms)`;
+  // The claim's insertId says which way it went (MySQL's LAST_INSERT_ID(expr) idiom, the table
+  // has no AUTO_INCREMENT): 0 when it inserted a new row, ours, so nothing need be read back; 1
+  // when it met a row, which RECORD then reads.
   // What the claim met, read after it. The claim decided; this only reports: `token` says
   // whether ours was written (an insert answers 1 row, as does an untouched row under mysql2's
   // default FOUND_ROWS flag, so the count alone cannot tell).
@@ -388,9 +384,10 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       fingerprint: input.fingerprint,
       token,
       leaseMs: input.leaseMs,
-      retainMs: Math.max(input.leaseMs, input.ttlMs),
+      retainMs: input.retainMs,
     };
-    await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
+    const claimed = await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
+    if (claimed.insertId === 0) return { outcome: 'acquired', token };
     // Read back even after a takeover (2 rows affected): it answers the steps saved before it.
     const [row] = await run<RecordRow[]>(on, RECORD, values, timeoutMs);
     if (!row) return undefined;

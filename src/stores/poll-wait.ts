@@ -8,6 +8,12 @@ import type { Waiters } from './internal.js';
 const FIRST_POLL_MS = 25;
 const MAX_POLL_MS = 1000;
 
+/** The first delay between polls, doubled after each poll up to the last. */
+export interface PollDelays {
+  firstPollMs: number;
+  maxPollMs: number;
+}
+
 /**
  * Resolves once `leaseLeftMs` reports the record is no longer in progress (`null`) or `timeoutMs`
  * has passed. A notification on `waiters` for `id` cuts the current sleep short.
@@ -17,9 +23,10 @@ export async function pollUntilSettled(
   id: string,
   timeoutMs: number,
   leaseLeftMs: () => Promise<number | null>,
+  { firstPollMs, maxPollMs }: PollDelays = { firstPollMs: FIRST_POLL_MS, maxPollMs: MAX_POLL_MS },
 ): Promise<void> {
   const deadline = performance.now() + timeoutMs;
-  for (let pollMs = FIRST_POLL_MS; ; pollMs = Math.min(pollMs * 2, MAX_POLL_MS)) {
+  for (let pollMs = firstPollMs; ; pollMs = Math.min(pollMs * 2, maxPollMs)) {
     const leaseMs = await leaseLeftMs();
     const timeLeftMs = deadline - performance.now();
     if (leaseMs === null || timeLeftMs <= 0) return;

@@ -18,6 +18,7 @@ import {
   parseRecordId,
   recordId,
   requirePositiveInteger,
+  toBuffer,
   Waiters,
 } from './internal.js';
 import { pollUntilSettled } from './poll-wait.js';
@@ -341,10 +342,6 @@ function writesPerTurn(client: Redis | Cluster): () => void {
   };
 }
 
-function toBuffer(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-}
-
 /**
  * Thrown by a store with `durability` when fewer replicas than asked confirmed a claim or a saved
  * response within `timeoutMs`. A claim is released first, so its retry can claim again.
@@ -616,7 +613,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       batchWrites();
       const token = newToken();
       const id = redisKey(input.scope, input.key);
-      const retainMs = Math.max(input.leaseMs, input.ttlMs);
+      const { retainMs } = input;
       const record = `${ownerPrefix(token)}${retainMs - input.leaseMs}\n${retainMs}\n${input.fingerprint}`;
       let found: Buffer | null | undefined;
       try {

@@ -23,7 +23,6 @@ import {
   type AbandonedRow,
   abandonedLimit,
   abandonedOf,
-  expiresAtMs,
   keysetPage,
   listRequest,
   newToken,
@@ -33,10 +32,12 @@ import {
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
+  sqlIdentifier,
   stepsOf,
   summaryOf,
   Waiters,
 } from './internal.js';
+import { pollUntilSettled } from './poll-wait.js';
 import {
   type Driver,
   driverOf,
@@ -201,14 +202,7 @@ interface Frame {
   queue: SerialQueue;
 }
 
-const TABLE_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
-
-function tableName(value: unknown): string {
-  if (typeof value !== 'string' || !TABLE_NAME.test(value)) {
-    throw new ConfigError(`sqliteStore: \`table\` must match ${TABLE_NAME}, got ${JSON.stringify(value)}`);
-  }
-  return value;
-}
+const tableName = (value: unknown) => sqlIdentifier('sqliteStore', 'table', value);
 
 /**
  * The statements the store runs when it opens the database (each safe to run again), for a
@@ -385,12 +379,13 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     DELETE FROM ${t}
     WHERE scope = @scope AND key = @key AND token = @token
       AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
-  // Retention grows with the lease when the lease would outlive it (see expiresAtMs).
+  // Retention grows with the lease when the lease would outlive it: a record outlives its lease.
   const renewStatement = db.prepare(`
     UPDATE ${t} SET lease_until_ms = @leaseUntilMs, expires_at_ms = max(expires_at_ms, @leaseUntilMs)
     WHERE scope = @scope AND key = @key AND token = @token
       AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
-  // A record never expires before its lease passes (see expiresAtMs), so this spares live leases.
+  // A record never expires before its lease passes (the claim's `retainMs` covers the lease, and
+  // renewals extend it), so this spares live leases.
   const purgeStatement = db.prepare(`
     DELETE FROM ${t} WHERE rowid IN (
       SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
@@ -432,7 +427,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       token,
       nowMs + input.leaseMs,
       nowMs,
-      expiresAtMs(nowMs, input.leaseMs, input.ttlMs),
+      nowMs + input.retainMs,
       nowMs,
       nowMs,
       nowMs,
@@ -767,22 +762,22 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   async function wait(scope: string, key: string, timeoutMs: number) {
     const id = recordId(scope, key);
-    const deadlineMs = Date.now() + timeoutMs;
-    let intervalMs = pollIntervalMs;
-    for (;;) {
-      const leftMs = deadlineMs - Date.now();
-      if (closed || leftMs <= 0) return;
-      let leaseLeftMs = intervalMs;
-      // An atomic original of this process may still be queued: no row yet, but in progress.
-      if (!holding.has(id)) {
+    const polls = { firstPollMs: pollIntervalMs, maxPollMs: maxPollIntervalMs };
+    await pollUntilSettled(
+      waiters,
+      id,
+      timeoutMs,
+      async () => {
+        if (closed) return null;
+        // An atomic original of this process may still be queued: no row yet, but in progress.
+        if (holding.has(id)) return Number.POSITIVE_INFINITY;
         const row = selectLease.get(scope, key) as LeaseRow | undefined;
-        if (!row || row.completed_at_ms !== null) return;
-        leaseLeftMs = row.lease_until_ms - now();
-        if (leaseLeftMs <= 0) return;
-      }
-      await waiters.sleep(id, Math.min(intervalMs, leftMs, leaseLeftMs));
-      intervalMs = Math.min(intervalMs * 2, maxPollIntervalMs);
-    }
+        if (!row || row.completed_at_ms !== null) return null;
+        const leaseLeftMs = row.lease_until_ms - now();
+        return leaseLeftMs > 0 ? leaseLeftMs : null;
+      },
+      polls,
+    );
   }
 
   async function purgeExpired(batchSize = SQLITE_PURGE_BATCH_SIZE) {

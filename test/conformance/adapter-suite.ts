@@ -15,7 +15,7 @@ import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
 import { mysqlStore } from '../../src/stores/mysql.js';
-import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres.js';
+import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
 import { redisStore } from '../../src/stores/redis.js';
 import { sqliteStore } from '../../src/stores/sqlite.js';
 import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';

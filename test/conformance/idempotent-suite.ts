@@ -176,7 +176,7 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
         fingerprint = ctx.fingerprint;
       });
       const id = freshId();
-      const crashed = await store.claim({ scope, key: id, fingerprint, leaseMs: 150, ttlMs: 60_000 });
+      const crashed = await store.claim({ scope, key: id, fingerprint, leaseMs: 150, retainMs: 60_000 });
       expect(crashed.outcome).toBe('acquired');
       expect(await run({ id, data: 1 }, () => 'recovered')).toBe('recovered');
     });
@@ -241,7 +241,7 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
         fingerprint = ctx.fingerprint;
         return { secret: 'card 4242' };
       });
-      const stored = await store.claim({ scope, key: id, fingerprint, leaseMs: 1000, ttlMs: 60_000 });
+      const stored = await store.claim({ scope, key: id, fingerprint, leaseMs: 1000, retainMs: 60_000 });
       expect(stored.outcome).toBe('replay');
       if (stored.outcome === 'replay')
         expect(Buffer.from(stored.response.body).toString()).not.toMatch(/4242/);

@@ -89,11 +89,11 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       store = opened.store;
     });
 
-    const LONG = { leaseMs: 30_000, ttlMs: 60_000 };
+    const LONG = { leaseMs: 30_000, retainMs: 60_000 };
     // Generous against the slowest store here; every sleep past a deadline is at least twice it.
     const SHORT_MS = 200;
 
-    function fresh(fingerprint = 'fp-a', times: { leaseMs: number; ttlMs: number } = LONG): ClaimInput {
+    function fresh(fingerprint = 'fp-a', times: { leaseMs: number; retainMs: number } = LONG): ClaimInput {
       return { scope: `scope-${randomUUID()}`, key: `key-${randomUUID()}`, fingerprint, ...times };
     }
 
@@ -261,7 +261,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it('after the lease passes a retry takes over with a new token; the old owner can no longer write', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         const oldToken = await acquire(input);
         await sleep(SHORT_MS * 2);
         const newToken = await acquire(input);
@@ -275,14 +275,14 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it('a passed lease is not taken over by another fingerprint', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         await acquire(input);
         await sleep(SHORT_MS * 2);
         expect(await store.claim(withFingerprint(input, 'fp-b'))).toEqual({ outcome: 'mismatch' });
       });
 
       it('an owner whose lease passed but was not taken over still completes', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         const token = await acquire(input);
         await sleep(SHORT_MS * 2);
         expect(await store.complete(input.scope, input.key, token, sampleResponse('late'))).toBe(true);
@@ -292,7 +292,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
 
     describe('renew', () => {
       it('extends the lease of its owner: a competing claim stays in progress past the old lease', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         const token = await acquire(input);
         expect(await store.renew(input.scope, input.key, token, 60_000)).toBe(true);
         await sleep(SHORT_MS * 2);
@@ -304,7 +304,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it('a lease renewed past retention keeps the record in progress; purge spares it', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: SHORT_MS });
         const token = await acquire(input);
         expect(await store.renew(input.scope, input.key, token, 60_000)).toBe(true);
         await sleep(SHORT_MS * 2);
@@ -316,7 +316,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it('with a stale or wrong token answers false and changes nothing', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         const oldToken = await acquire(input);
         expect(await store.renew(input.scope, input.key, `${oldToken}-not`, 60_000)).toBe(false);
         await sleep(SHORT_MS * 2);
@@ -387,7 +387,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       it(
         'resolves when the lease passes',
         async () => {
-          const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+          const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
           await acquire(input);
           await store.wait(input.scope, input.key, NEVER_MS);
           await acquire(input);
@@ -417,10 +417,10 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
 
     describe('retention and purge', () => {
       it('once retention passes the key names a new operation', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: SHORT_MS });
         const token = await acquire(input);
         expect(await store.complete(input.scope, input.key, token, sampleResponse())).toBe(true);
-        const abandoned = fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS });
+        const abandoned = fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: SHORT_MS });
         await acquire(abandoned);
         await sleep(SHORT_MS * 2);
         const again = await acquire({ ...input, ...LONG });
@@ -431,19 +431,21 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expectReplay(await store.claim(input), sampleResponse('b'));
       });
 
-      it('a record whose lease outlives its retention stays in progress until the lease passes', async () => {
-        const input = fresh('fp-a', { leaseMs: 60_000, ttlMs: SHORT_MS });
+      it("a record lives for the claim's retainMs, not the deprecated ttlMs nor its lease", async () => {
+        // A store written against 0.2 read `ttlMs`; the engine passes both, and ours keep `retainMs`.
+        const input = { ...fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: 60_000 }), ttlMs: SHORT_MS };
         await acquire(input);
         await sleep(SHORT_MS * 2);
-        await expectInProgress(input);
+        const record = await store.get(input.scope, input.key);
+        expect(record!.expiresAtMs - record!.createdAtMs).toBeCloseTo(60_000, -3);
         await store.purgeExpired();
-        await expectInProgress(input);
+        expect((await store.get(input.scope, input.key))?.state).toBe('in_progress');
       });
 
       it('purgeExpired deletes expired records in batches and keeps live ones', async () => {
         // Longer than SHORT_MS: creating eleven records takes a while on a loaded machine, and
         // none may expire before the last one exists.
-        const expiring = { leaseMs: SHORT_MS * 2, ttlMs: SHORT_MS * 5 };
+        const expiring = { leaseMs: SHORT_MS * 2, retainMs: SHORT_MS * 5 };
         await store.purgeExpired();
         const expiredCompleted = Array.from({ length: 7 }, () => fresh('fp-a', expiring));
         for (const input of expiredCompleted) {
@@ -464,8 +466,10 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         ).toBe(true);
         const liveInProgress = fresh();
         await acquire(liveInProgress);
-        const liveLease = fresh('fp-a', { leaseMs: 60_000, ttlMs: SHORT_MS });
-        await acquire(liveLease);
+        const liveLease = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: SHORT_MS });
+        expect(await store.renew(liveLease.scope, liveLease.key, await acquire(liveLease), 60_000)).toBe(
+          true,
+        );
         await sleep(SHORT_MS * 6);
 
         const deleted = await store.purgeExpired(3);
@@ -477,7 +481,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         }
         expectReplay(await store.claim(liveCompleted), sampleResponse());
         await expectInProgress(liveInProgress);
-        await expectInProgress(liveLease);
+        await expectInProgress({ ...liveLease, leaseMs: 60_000 });
         for (const input of [...expiredCompleted, ...expiredAbandoned]) await acquire(input);
       });
     });
@@ -529,7 +533,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         // Stores on a database server take times from its clock, which may be a little off ours.
         expect(inProgress!.createdAtMs).toBeGreaterThan(beforeMs - 5000);
         expect(inProgress!.leaseUntilMs! - inProgress!.createdAtMs).toBeCloseTo(input.leaseMs, -3);
-        expect(inProgress!.expiresAtMs - inProgress!.createdAtMs).toBeCloseTo(input.ttlMs, -3);
+        expect(inProgress!.expiresAtMs - inProgress!.createdAtMs).toBeCloseTo(input.retainMs, -3);
 
         expect(
           await store.complete(input.scope, input.key, token, { ...sampleResponse(), status: 202 }),
@@ -581,7 +585,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
 
       it('neither lists nor gets a record whose retention has passed', async () => {
         const scope = `scope-${randomUUID()}`;
-        const expiring = { ...fresh('fp-a', { leaseMs: SHORT_MS / 2, ttlMs: SHORT_MS }), scope };
+        const expiring = { ...fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: SHORT_MS }), scope };
         const live = { ...fresh(), scope };
         await completed(expiring);
         await acquire(live);
@@ -699,7 +703,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       }
 
       it('a takeover gets every saved step back, in order, values unchanged; get lists their names', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         const token = await acquire(input);
         expect(await store.saveStep(input.scope, input.key, token, step('recorded'), 'the request')).toBe(
           true,
@@ -714,7 +718,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it("a stale owner's step save is refused and changes nothing; so is a wrong token's", async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
         const oldToken = await acquire(input);
         expect(await store.saveStep(input.scope, input.key, `${oldToken}-not`, step('intruder'))).toBe(false);
         expect(await store.saveStep(input.scope, input.key, oldToken, step('recorded'), 'request')).toBe(
@@ -731,7 +735,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       });
 
       it('a new operation on the key starts with no steps (released, or retention passed)', async () => {
-        const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: SHORT_MS });
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: SHORT_MS });
         const token = await acquire(input);
         expect(await store.saveStep(input.scope, input.key, token, step('recorded'))).toBe(true);
         expect(await store.release(input.scope, input.key, token)).toBe(true);
@@ -751,7 +755,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
           key,
           fingerprint: `fp-${key}`,
           leaseMs,
-          ttlMs: 60_000,
+          retainMs: 60_000,
         });
         const dead = claimOf('dead', SHORT_MS);
         const live = claimOf('live', 30_000);
@@ -786,7 +790,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
 
         it("commits the work's writes with the saved step; a stale owner's phase runs nothing", async (context) => {
           skipUnlessPhased(context);
-          const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+          const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
           const token = await acquire(input);
           const before = await count();
           let runs = 0;
@@ -823,7 +827,7 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
 
         it('a takeover waits for an open phase and then gets its step', async (context) => {
           skipUnlessPhased(context);
-          const input = fresh('fp-a', { leaseMs: SHORT_MS, ttlMs: 60_000 });
+          const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
           const token = await acquire(input);
           const order: string[] = [];
           let entered!: () => void;

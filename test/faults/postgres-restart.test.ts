@@ -2,7 +2,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../../src/core/contract/index.js';
-import { type PostgresStore, postgresStore } from '../../src/stores/postgres.js';
+import { type PostgresStore, postgresStore } from '../../src/stores/postgres/index.js';
 import { databaseUp, pgctl } from '../support/postgres-cluster.js';
 import { hasPostgres, PG_URL, uniqueName } from '../support/services.js';
 
@@ -41,7 +41,7 @@ describe.skipIf(!hasPostgres)('postgres store while the cluster restarts', () =>
     key: `k-${sequence++}`,
     fingerprint: 'fp',
     leaseMs: 10_000,
-    ttlMs: 60_000,
+    retainMs: 60_000,
   });
 
   /** One request's worth of store calls, in lease mode or atomic mode. */

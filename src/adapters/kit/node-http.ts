@@ -1,11 +1,13 @@
 import type { EventEmitter } from 'node:events';
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import type {
-  CapturedResponse,
-  Idempotency,
-  Outcome,
-  ResponseCollector,
-  StoredResponse,
+import {
+  type CapturedResponse,
+  ErrorCode,
+  type Idempotency,
+  type IdempotencyError,
+  type Outcome,
+  type ResponseCollector,
+  type StoredResponse,
 } from '../../core/index.js';
 import { withHeader } from '../../core/response/index.js';
 
@@ -186,15 +188,31 @@ export function sendAnswer(
 ): void {
   if (outcome.kind === 'replayed') {
     // A handler whose lease was lost is answered with the saved response: none of its own headers.
-    if (before) resetHeaders(res, before);
+    clearForAnswer(undefined, res, before);
     send(res, outcome.response);
   }
   // The captured headers are still set on `res`; only status and body were held back.
   else if (outcome.response.complete) answer(res, outcome.response.status, undefined, outcome.response.body);
 }
 
+/**
+ * Readies `res` for an answer sent in the handler's place (a replay, an engine error): the
+ * headers the handler set, when it ran (`before`: the ones `res` had until then), are dropped;
+ * for a body refused as too large (`error`), the rest is read off before the answer goes out,
+ * whoever writes it.
+ */
+export function clearForAnswer(
+  req: IncomingMessage | undefined,
+  res: ServerResponse,
+  before: OutgoingHttpHeaders | undefined,
+  error?: IdempotencyError,
+): void {
+  if (before) resetHeaders(res, before);
+  if (req && error?.code === ErrorCode.bodyTooLarge) closeAfterDrain(req, res);
+}
+
 /** Puts back the headers `res` had before the handler ran, dropping every one the handler set. */
-export function resetHeaders(res: ServerResponse, before: OutgoingHttpHeaders): void {
+function resetHeaders(res: ServerResponse, before: OutgoingHttpHeaders): void {
   for (const name of res.getHeaderNames()) res.removeHeader(name);
   for (const [name, value] of Object.entries(before)) if (value !== undefined) res.setHeader(name, value);
 }
@@ -309,6 +327,41 @@ function heldEnd(
   else if (held.collector.state === 'stream') (held.end as () => ServerResponse).call(this);
   held.resolve(held.collector.response(this.statusCode, (name) => this.getHeader(name)));
   return this;
+}
+
+/**
+ * Runs `invoke` with whatever it writes to `res` thrown away, and settles once it ends the
+ * response: for a framework that still answers after the answer was chosen. The headers it set
+ * stay on `res`, for {@link clearForAnswer} to drop.
+ */
+export function discard(res: ServerResponse, invoke: () => void): Promise<void> {
+  const { writeHead, write, end } = res;
+  const restore = () => {
+    res.writeHead = writeHead;
+    res.write = write;
+    res.end = end;
+  };
+  return new Promise<void>((resolve, reject) => {
+    res.writeHead = (() => res) as unknown as ServerResponse['writeHead'];
+    res.write = ((_chunk: unknown, encoding?: unknown, callback?: unknown) => {
+      const done = typeof encoding === 'function' ? encoding : callback;
+      if (typeof done === 'function') queueMicrotask(done as () => void);
+      return true;
+    }) as ServerResponse['write'];
+    res.end = ((...args: unknown[]) => {
+      restore();
+      const done = args.find((arg) => typeof arg === 'function');
+      if (done) queueMicrotask(done as () => void);
+      resolve();
+      return res;
+    }) as ServerResponse['end'];
+    try {
+      invoke();
+    } catch (error) {
+      restore();
+      reject(error);
+    }
+  });
 }
 
 /**

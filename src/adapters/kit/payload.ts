@@ -1,5 +1,6 @@
 import { Readable } from 'node:stream';
 import { type ResponseCollector, RetrysafeError } from '../../core/index.js';
+import { feed, keptThenRest, type ReadChunk } from './overflow.js';
 
 // Response capture shared by the adapters that see the response as a payload before it is
 // written (fastify's onSend, koa's ctx.body), rather than as node:http writes.
@@ -23,30 +24,22 @@ export async function captureBody(
     throw new RetrysafeError('retrysafe: a response payload is neither string, Buffer nor stream');
   }
   const iterator = payload[Symbol.asyncIterator]();
-  for (;;) {
-    const next = await iterator.next();
-    if (next.done) {
-      const body = collector.body();
-      return { payload: Buffer.from(body.buffer, body.byteOffset, body.byteLength) };
-    }
-    const state = collector.add(Buffer.isBuffer(next.value) ? next.value : Buffer.from(next.value));
-    if (state === 'drop') {
-      payload.destroy();
-      return { payload: undefined };
-    }
-    if (state === 'stream') break;
+  const read: ReadChunk = () =>
+    iterator
+      .next()
+      .then((next) =>
+        next.done
+          ? next
+          : { done: false, value: Buffer.isBuffer(next.value) ? next.value : Buffer.from(next.value) },
+      );
+  const state = await feed(collector, read);
+  if (state === 'keep') {
+    const body = collector.body();
+    return { payload: Buffer.from(body.buffer, body.byteOffset, body.byteLength) };
   }
-  const kept = collector.take();
-  const rest = Readable.from(
-    (async function* streamThrough() {
-      yield* kept;
-      for (;;) {
-        const next = await iterator.next();
-        if (next.done) return;
-        yield next.value;
-      }
-    })(),
-    { objectMode: false },
-  );
-  return { payload: rest };
+  if (state === 'drop') {
+    payload.destroy();
+    return { payload: undefined };
+  }
+  return { payload: Readable.from(keptThenRest(collector, read), { objectMode: false }) };
 }

@@ -1,4 +1,5 @@
 import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/index.js';
+import { feed, keptThenRest, type ReadChunk } from './overflow.js';
 
 // Response capture and replay shared by the adapters that see Web-standard Request/Response
 // objects (Hono, retrysafe/fetch).
@@ -43,30 +44,23 @@ export async function captureWebResponse(
   if (res.body === null) return { response: captured(), send: new Response(null, init) };
 
   const reader = res.body.getReader();
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) {
-      const response = captured();
-      const body = NULL_BODY.has(res.status) ? null : (response.body as Uint8Array<ArrayBuffer>);
-      return { response, send: new Response(body, init) };
-    }
-    const state = collector.add(value);
-    if (state === 'drop') {
-      await reader.cancel();
-      return { response: captured(), send: new Response(null, init) };
-    }
-    if (state === 'stream') break;
+  const read = (() => reader.read()) as ReadChunk;
+  const state = await feed(collector, read);
+  if (state === 'keep') {
+    const response = captured();
+    const body = NULL_BODY.has(res.status) ? null : (response.body as Uint8Array<ArrayBuffer>);
+    return { response, send: new Response(body, init) };
   }
-  const kept = collector.take();
+  if (state === 'drop') {
+    await reader.cancel();
+    return { response: captured(), send: new Response(null, init) };
+  }
+  const chunks = keptThenRest(collector, read);
   const rest = new ReadableStream<Uint8Array>({
-    start(controller) {
-      for (const chunk of kept) controller.enqueue(chunk);
-      kept.length = 0;
-    },
     async pull(controller) {
-      const { done, value } = await reader.read();
-      if (done) controller.close();
-      else controller.enqueue(value);
+      const next = await chunks.next();
+      if (next.done) controller.close();
+      else controller.enqueue(next.value);
     },
     cancel(reason) {
       return reader.cancel(reason);

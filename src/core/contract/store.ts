@@ -15,8 +15,19 @@ export interface ClaimInput {
   fingerprint: string;
   /** How long the claimer owns an in-progress record before a retry may take it over. */
   leaseMs: number;
-  /** Retention: how long after the claim the record (and its replay) lives. */
-  ttlMs: number;
+  /**
+   * Retention: how long after the claim the record (and its replay) lives. The engine passes its
+   * `ttl`, which it never lets fall short of the lease (a record that expired while its owner still
+   * ran would let a retry run the handler twice); a store keeps the record this long and derives
+   * nothing.
+   */
+  retainMs: number;
+  /**
+   * The engine's `ttl`, still passed for stores written against 0.2 that read it; the stores of this
+   * package read `retainMs`.
+   * @deprecated read `retainMs`; removed in 0.3.0.
+   */
+  ttlMs?: number;
   /**
    * How long the claim may take, waits on locks included (the engine passes `storeTimeout`): a
    * store that waits on locks gives up within it and fails the call. @default the store's own bounds
@@ -244,7 +255,8 @@ export function isAtomicStore(store: IdempotencyStore): store is AtomicStore {
  * What a project declares once so that the request types of Express (`req.idempotency`), Fastify
  * (`request.idempotency`) and Hono (`c.get('idempotency')` after `app.use`) know its transaction
  * type. Those are global declarations of the frameworks, which no factory's `Tx` can reach; a
- * Hono route naming the middleware, and node:http handlers, get `Tx` from the store instead.
+ * Hono route naming the middleware, node:http handlers, Koa's state and Nest's interceptor get
+ * `Tx` from the store instead.
  * @example
  * import type { PoolClient } from 'pg';
  * declare module 'retrysafe' {

@@ -44,7 +44,8 @@ export function claimInput<Req>(
   fingerprint: string,
 ): ClaimInput {
   const { leaseMs, ttlMs, storeTimeoutMs } = engine.config;
-  return { scope, key, fingerprint, leaseMs, ttlMs, timeoutMs: storeTimeoutMs };
+  // retainMs is what stores keep; ttlMs stays for stores written against 0.2 (removed in 0.3.0).
+  return { scope, key, fingerprint, leaseMs, retainMs: ttlMs, ttlMs, timeoutMs: storeTimeoutMs };
 }
 
 /** What marks a value sealed with `encryptionKey`; anything else is JSON text. */

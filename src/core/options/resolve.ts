@@ -114,9 +114,10 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   const concurrency = oneOf('concurrency', options.concurrency, ['wait', 'reject']);
   const profile = oneOf('profile', options.profile, ['default', 'ietf']);
   const ttlMs = toMs('ttl', options.ttl ?? '24h', { min: 1 });
-  // A record lives as long as the longer of its lease and retention, so a lease past a short
-  // retention (a demo's '2s') would keep the key for the lease instead: it is shortened to
-  // retention, and renewals keep a running handler's claim however short it is.
+  // A record must outlive its lease (expired while its owner still ran, it would let a retry run
+  // the handler twice), and stores keep a record for `ttl` as given (the claim's `retainMs`): a
+  // lease past a short retention (a demo's '2s') is shortened to it, and renewals keep a running
+  // handler's claim however short it is.
   const leaseMs = Math.min(toMs('lease', options.lease ?? '10s', { min: 1 }), ttlMs);
   const waitMs = toMs('wait', options.wait ?? '10s');
   const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });

@@ -9,10 +9,10 @@ import type {
   PhaseStore,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
-import { atomicInFlight } from './in-flight.js';
+} from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+import { atomicInFlight } from '../in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -25,9 +25,21 @@ import {
   SUMMARY_COLUMNS,
   type SummaryRow,
   summaryOf,
+  toBuffer,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
+import { identifier, postgresMigrationSql } from './migrate.js';
+import {
+  prepare,
+  preparedAll,
+  preparedOn,
+  type Statement,
+  type TypedStatement,
+  withValues,
+} from './prepared.js';
+
+export { postgresMigrationSql };
 
 /** Options of {@link postgresStore}: one of `pool` or `connectionString`. */
 export interface PostgresStoreOptions {
@@ -115,7 +127,6 @@ export interface PostgresStore extends AtomicStore<pg.PoolClient>, PhaseStore<pg
   readonly pool: pg.Pool;
 }
 
-const IDENTIFIER = /^[A-Za-z_][A-Za-z0-9_]{0,62}$/;
 /**
  * A claim that finds the record changing under it (committed while the insert waited on it,
  * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
@@ -128,134 +139,12 @@ const CLAIM_ATTEMPTS = 4;
 const BLOCKED_RETRY_AFTER_MS = 1000;
 const LOCK_NOT_AVAILABLE = '55P03';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
-const DUPLICATE_PREPARED_STATEMENT = '42P05';
 const UNDEFINED_TABLE = '42P01';
 /** A table made before steps existed: `migrate` adds their columns. */
 const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const MISSING_PREPARED_STATEMENT = '26000';
 const DIVISION_BY_ZERO = '22012';
-/**
- * The SQL-level prepared statements each connection holds, shared by every store in the process
- * (two stores of one table on one pool would otherwise prepare the same name twice).
- */
-const preparedOn = new WeakMap<pg.ClientBase, Set<string>>();
-
-interface Statement {
-  name: string;
-  text: string;
-}
-
-/** A statement run inside a multi-statement simple query: the SQL types of its `$n`, in order. */
-interface TypedStatement extends Statement {
-  types: readonly string[];
-}
-
-type SqlValue = string | number | Buffer;
-
-function identifier(name: string, value: string): string {
-  if (!IDENTIFIER.test(value)) {
-    throw new ConfigError(
-      `postgresStore: \`${name}\` must match ${IDENTIFIER} (got ${JSON.stringify(value)})`,
-    );
-  }
-  return value;
-}
-
-function toBuffer(body: Uint8Array): Buffer {
-  return Buffer.isBuffer(body) ? body : Buffer.from(body.buffer, body.byteOffset, body.byteLength);
-}
-
-function literal(value: SqlValue): string {
-  return pg.escapeLiteral(Buffer.isBuffer(value) ? `\\x${value.toString('hex')}` : String(value));
-}
-
-/**
- * `statement` with `values`, as one statement of a multi-statement simple query (which takes no
- * parameters): `EXECUTE` of the prepared statement, or, where nothing may be prepared (a
- * transaction pooler), its text with each `$n` replaced by a literal of its type.
- */
-function withValues(statement: TypedStatement, values: readonly SqlValue[], prepared: boolean): string {
-  if (prepared) return `EXECUTE ${statement.name}(${values.map(literal).join(', ')})`;
-  return statement.text.replace(/\$(\d+)/g, (_, n: string) => {
-    const index = Number(n) - 1;
-    return `${literal(values[index]!)}::${statement.types[index]}`;
-  });
-}
-
-/** Whether every one of `statements` is prepared on `client` already (no turn spent asking). */
-function preparedAll(client: pg.PoolClient, statements: readonly Statement[]): boolean {
-  const names = preparedOn.get(client);
-  if (names === undefined) return false;
-  for (const { name } of statements) if (!names.has(name)) return false;
-  return true;
-}
-
-/**
- * Prepares `statements` on `client` with SQL `PREPARE`, once per connection, so `EXECUTE` can run
- * them. Preparing waits on a lock of the table like the statement itself would, so it is bounded
- * by `timeoutMs` (the SETs share the query's implicit transaction: a timeout undoes them too).
- */
-async function prepare(
-  client: pg.PoolClient,
-  statements: readonly Statement[],
-  timeoutMs: number,
-): Promise<void> {
-  const names = preparedOn.get(client) ?? new Set<string>();
-  preparedOn.set(client, names);
-  for (const { name, text } of statements) {
-    if (names.has(name)) continue;
-    try {
-      await client.query(
-        `SET statement_timeout = ${timerMs(timeoutMs)}; PREPARE ${name} AS ${text}; SET statement_timeout TO DEFAULT`,
-      );
-    } catch (error) {
-      // Another copy of this module (one per package format, say) prepared it on this connection.
-      if ((error as { code?: string }).code !== DUPLICATE_PREPARED_STATEMENT) throw error;
-    }
-    names.add(name);
-  }
-}
-
-/**
- * The statements `migrate()` runs, in order, for a migration tool of your own
- * (`retrysafe migrate --print`). Each is safe to run again.
- * @example
- * ```ts
- * import { postgresMigrationSql } from 'retrysafe/postgres';
- * await fs.writeFile('migrations/0001_idempotency.sql', postgresMigrationSql({ schema: 'app' }).join(';\n') + ';\n');
- * ```
- */
-export function postgresMigrationSql(options: { schema?: string; table?: string } = {}): string[] {
-  const schema = identifier('schema', options.schema ?? 'public');
-  const table = identifier('table', options.table ?? 'idempotency_keys');
-  const qualified = `"${schema}"."${table}"`;
-  return [
-    // Every database has `public`, and creating it would need a privilege the user may lack.
-    ...(schema === 'public' ? [] : [`CREATE SCHEMA IF NOT EXISTS "${schema}"`]),
-    `CREATE TABLE IF NOT EXISTS ${qualified} (
-  scope text NOT NULL,
-  key text NOT NULL,
-  fingerprint text NOT NULL,
-  token text NOT NULL,
-  lease_until_ms bigint NOT NULL,
-  created_at_ms bigint NOT NULL,
-  expires_at_ms bigint NOT NULL,
-  completed_at_ms bigint,
-  status integer,
-  headers json,
-  body bytea,
-  steps jsonb,
-  request text,
-  PRIMARY KEY (scope, key))`,
-    `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON ${qualified} (expires_at_ms)`,
-    // Steps came in a later release: a table made before lacks their columns.
-    `ALTER TABLE ${qualified} ADD COLUMN IF NOT EXISTS steps jsonb, ADD COLUMN IF NOT EXISTS request text`,
-    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON ${qualified} (lease_until_ms)
-  WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
-  ];
-}
-
 interface RecordRow {
   acquired: boolean;
   fingerprint: string;
@@ -378,7 +267,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     text: `WITH n AS (SELECT ${NOW_MS} AS ms),
       ins AS (
         INSERT INTO ${qualified} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-        SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM n
+        SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + $6 FROM n
         ON CONFLICT (scope, key) DO NOTHING
         RETURNING token)
       SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
@@ -398,7 +287,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     name: `retrysafe_take_over_${tag}`,
     text: `WITH n AS (SELECT ${NOW_MS} AS ms)
       UPDATE ${qualified} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
-        expires_at_ms = n.ms + GREATEST($5, $6), completed_at_ms = NULL, status = NULL, headers = NULL,
+        expires_at_ms = n.ms + $6, completed_at_ms = NULL, status = NULL, headers = NULL,
         body = NULL,
         steps = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE steps END,
         request = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE request END
@@ -522,7 +411,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         input.fingerprint,
         token,
         input.leaseMs,
-        input.ttlMs,
+        input.retainMs,
       ];
       const { rows } = await query(false, values);
       const row = rows[0];
