@@ -6,9 +6,9 @@ import type {
   KeyRecordSummary,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+} from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
@@ -20,8 +20,8 @@ import {
   requirePositiveInteger,
   toBuffer,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
 
 /** Options of {@link redisStore}: one of `client`, `url` or `clusterNodes`. */
 export interface RedisStoreOptions {
