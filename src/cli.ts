@@ -100,7 +100,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
     if (table !== undefined) throw new UsageError('--table applies to SQLite, PostgreSQL and MySQL only');
     if (pooling !== undefined) throw new UsageError('--pooling applies to PostgreSQL only');
     await driver(() => import('ioredis'), 'ioredis');
-    const { redisStore } = await import('./stores/redis.js');
+    const { redisStore } = await import('./stores/redis/index.js');
     const clusterNodes = redisCluster?.split(',').filter((node) => node !== '');
     if (clusterNodes?.length === 0)
       throw new UsageError('--redis-cluster needs host:port of one node or more');

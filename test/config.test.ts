@@ -11,7 +11,7 @@ import { createRetryingFetch } from '../src/client/index.js';
 import { ConfigError, createIdempotency, RetrysafeError } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
-import { redisStore } from '../src/stores/redis.js';
+import { redisStore } from '../src/stores/redis/index.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 
 const store = memoryStore();

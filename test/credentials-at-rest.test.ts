@@ -12,7 +12,7 @@ import { idempotency } from '../src/adapters/node.js';
 import { credentialScope, type IdempotencyStore } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
-import { redisStore } from '../src/stores/redis.js';
+import { redisStore } from '../src/stores/redis/index.js';
 import { sqliteStore } from '../src/stores/sqlite.js';
 import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 

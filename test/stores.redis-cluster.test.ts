@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { type CapturedResponse, createIdempotency } from '../src/core/index.js';
-import { ReplicationError, redisStore } from '../src/stores/redis.js';
+import { ReplicationError, redisStore } from '../src/stores/redis/index.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { postRequest } from './support/engine-request.js';
 import {

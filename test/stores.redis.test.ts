@@ -3,7 +3,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, IdempotencyStore, StoredResponse } from '../src/core/contract/index.js';
-import { redisStore } from '../src/stores/redis.js';
+import { redisStore } from '../src/stores/redis/index.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { freePort } from './support/free-port.js';

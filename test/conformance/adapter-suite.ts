@@ -16,7 +16,7 @@ import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/inde
 import { memoryStore } from '../../src/stores/memory.js';
 import { mysqlStore } from '../../src/stores/mysql/index.js';
 import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
-import { redisStore } from '../../src/stores/redis.js';
+import { redisStore } from '../../src/stores/redis/index.js';
 import { sqliteStore } from '../../src/stores/sqlite.js';
 import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';
 import {

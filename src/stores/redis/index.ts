@@ -6,9 +6,9 @@ import type {
   KeyRecordSummary,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+} from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
@@ -20,8 +20,9 @@ import {
   requirePositiveInteger,
   toBuffer,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
+import { defineScripts, type SummaryReply } from './scripts.js';
 
 /** Options of {@link redisStore}: one of `client`, `url` or `clusterNodes`. */
 export interface RedisStoreOptions {
@@ -77,185 +78,7 @@ export interface RedisStoreOptions {
   connectTimeoutMs?: number;
 }
 
-const MS_NOW = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
-
-// Record format. A record is one string, so a claim is one native `SET … NX PX … GET`: it writes
-// a new key, or answers the record there without writing. Lines, then the raw bytes:
-//   in progress: P \n token \n leaseEndsBeforeExpiryMs \n createdBeforeExpiryMs \n fingerprint [\n steps]
-//     where steps, once a step is saved, is JSON {"steps": [{name, value}…], "request": …}
-//   completed:   C \n createdBeforeExpiryMs \n status \n fingerprint's byte length \n headers JSON \n fingerprint body
-// Times count back from the key's own expiry, which Redis sets from its clock: the claim needs no
-// clock of ours, and lease and creation times stay Redis's ("now" from the database server).
-// Release 0.1.0 wrote hashes (fields fingerprint, state, token, lease_until_ms, created_at_ms,
-// status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
-// answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did. Removed in 0.3.0:
-// run 0.2.x for one `ttl` first, and every 0.1.0 record has expired (see CHANGELOG).
-const LEGACY_HASH = `redis.call('TYPE', KEYS[1]).ok == 'hash'`;
-// A Lua pattern: an in-progress record's lease offset, creation offset, fingerprint and steps
-// (`''`, or a newline and their JSON). It also reads the first 80 bytes of one (GETRANGE), whose
-// fingerprint it then cuts short.
-const IN_PROGRESS_FIELDS = `'^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n([^\\n]*)(.*)$'`;
-
-// KEYS[1] record; ARGV fingerprint, in-progress record, retainMs. The claim of a key that holds a
-// record in progress (its lease needs the key's TTL) or a 0.1.0 hash: what the native claim
-// cannot decide. Replies like the native claim ({'record', value}) or as 0.1.0 did.
-const CLAIM_HELD_LUA = `if ${LEGACY_HASH} then
-  ${MS_NOW}
-  local rec = redis.call('HMGET', KEYS[1], 'fingerprint', 'state', 'lease_until_ms', 'status', 'headers', 'body')
-  if rec[1] then
-    if rec[1] ~= ARGV[1] then return {'mismatch'} end
-    if rec[2] == 'completed' then return {'replay', rec[4], rec[5], rec[6]} end
-    local left = tonumber(rec[3]) - now
-    if left > 0 then return {'in_progress', left} end
-  end
-  redis.call('DEL', KEYS[1])
-else
-  local value = redis.call('GET', KEYS[1])
-  if value and string.sub(value, 1, 1) == 'P' then
-    local leaseOffset, _, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
-    if fingerprint ~= ARGV[1] then return {'mismatch'} end
-    local left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
-    if left > 0 then return {'in_progress', left} end
-    -- A takeover: the finished steps stay with the record and go back to the new owner.
-    redis.call('SET', KEYS[1], ARGV[2] .. steps, 'PX', ARGV[3])
-    return {'acquired', steps}
-  elseif value then
-    return {'record', value}
-  end
-end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return {'acquired'}`;
-
-// Is KEYS[1] the record in progress that ARGV[1] ("P \n token \n") owns? Sets \`value\`.
-const OWNED = `local value = redis.pcall('GET', KEYS[1])
-if type(value) ~= 'string' or string.sub(value, 1, #ARGV[1]) ~= ARGV[1] then return 0 end`;
-
-// KEYS[1] record; ARGV owner prefix, status, headers JSON, body, channel. KEEPTTL: retention counts
-// from the claim.
-const COMPLETE_LUA = `${OWNED}
-local _, created, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
-redis.call('SET', KEYS[1], 'C\\n' .. created .. '\\n' .. ARGV[2] .. '\\n' .. #fingerprint .. '\\n' .. ARGV[3] .. '\\n' .. fingerprint .. ARGV[4], 'KEEPTTL')
-redis.call('PUBLISH', ARGV[5], KEYS[1])
-return 1`;
-
-// KEYS[1] record; ARGV owner prefix, channel.
-const RELEASE_LUA = `${OWNED}
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], KEYS[1])
-return 1`;
-
-// KEYS[1] record; ARGV owner prefix, leaseMs. The key's TTL grows with the lease should the lease
-// outlive it, and the offsets with it.
-const RENEW_LUA = `${OWNED}
-local _, created, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
-local lease = tonumber(ARGV[2])
-local expiresIn = redis.call('PTTL', KEYS[1])
-local grown = 0
-if expiresIn < lease then
-  redis.call('PEXPIRE', KEYS[1], lease)
-  grown = lease - expiresIn
-  expiresIn = lease
-end
-redis.call('SET', KEYS[1], ARGV[1] .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'KEEPTTL')
-return 1`;
-
-// KEYS[1] record; ARGV owner prefix, step name, step value, request ('' for none). One SET: the
-// step joins the record's steps.
-const SAVE_STEP_LUA = `${OWNED}
-local head, steps = string.match(value, '^(P\\n[^\\n]*\\n[^\\n]*\\n[^\\n]*\\n[^\\n]*)(.*)$')
-local data = {steps = {}}
-if steps ~= '' then data = cjson.decode(string.sub(steps, 2)) end
-table.insert(data.steps, {name = ARGV[2], value = ARGV[3]})
-if ARGV[4] ~= '' then data.request = ARGV[4] end
-redis.call('SET', KEYS[1], head .. '\\n' .. cjson.encode(data), 'KEEPTTL')
-return 1`;
-
-// KEYS records. Replies, per key, {fingerprint, steps JSON, ms since its lease passed} for those
-// in progress with a passed lease and a saved request; false for the others.
-const ABANDONED_LUA = `local out = {}
-for i, key in ipairs(KEYS) do
-  out[i] = false
-  if redis.call('TYPE', key).ok == 'string' then
-    local value = redis.call('GET', key)
-    local leaseOffset, _, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
-    if leaseOffset and steps ~= '' then
-      local left = redis.call('PTTL', key) - tonumber(leaseOffset)
-      if left <= 0 then out[i] = {fingerprint, string.sub(steps, 2), -left} end
-    end
-  end
-end
-return out`;
-
-// KEYS[1] record. Ms left on a live lease, or -1 when the record is not in progress.
-const LEASE_LEFT_LUA = `local left
-if ${LEGACY_HASH} then
-  local rec = redis.call('HMGET', KEYS[1], 'state', 'lease_until_ms')
-  if rec[1] ~= 'in_progress' then return -1 end
-  ${MS_NOW}
-  left = tonumber(rec[2]) - now
-else
-  local head = redis.call('GETRANGE', KEYS[1], 0, 79)
-  local leaseOffset = string.match(head, ${IN_PROGRESS_FIELDS})
-  if not leaseOffset then return -1 end
-  left = redis.call('PTTL', KEYS[1]) - tonumber(leaseOffset)
-end
-if left <= 0 then return -1 end
-return left`;
-
-// KEYS records. Replies {now, {state, status, lease_until_ms, created_at_ms, ms to expiry} per key};
-// state is nil for a key that is gone (or is not one of our records).
-const SUMMARIES_LUA = `${MS_NOW}
-local out = {}
-for i, key in ipairs(KEYS) do
-  local kind = redis.call('TYPE', key).ok
-  local expiresIn = redis.call('PTTL', key)
-  out[i] = {false}
-  if kind == 'hash' then
-    local rec = redis.call('HMGET', key, 'state', 'status', 'lease_until_ms', 'created_at_ms')
-    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresIn}
-  elseif kind == 'string' then
-    local head = redis.call('GETRANGE', key, 0, 79)
-    local leaseOffset, created = string.match(head, ${IN_PROGRESS_FIELDS})
-    if leaseOffset then
-      local expiresAt = now + expiresIn
-      local _, _, _, steps = string.match(redis.call('GET', key), ${IN_PROGRESS_FIELDS})
-      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn, steps}
-    else
-      local created, status = string.match(head, '^C\\n([^\\n]*)\\n([^\\n]*)\\n')
-      if created then out[i] = {'completed', status, false, now + expiresIn - tonumber(created), expiresIn} end
-    end
-  end
-end
-return {now, out}`;
-
-// KEYS[1] record; ARGV channel.
-const DELETE_LUA = `if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-redis.call('PUBLISH', ARGV[1], KEYS[1])
-return 1`;
-
-type SummaryReply = [
-  number,
-  [string | null, string | null, string | null, string | null, number, string | undefined][],
-];
-
-interface RetrysafeCommands {
-  retrysafeClaimHeldBuffer(key: string, ...args: (string | number)[]): Promise<(Buffer | number | null)[]>;
-  retrysafeComplete(key: string, ...args: (string | number | Buffer)[]): Promise<number>;
-  retrysafeRelease(key: string, ...args: string[]): Promise<number>;
-  retrysafeRenew(key: string, owner: string, leaseMs: number): Promise<number>;
-  retrysafeLeaseLeft(key: string): Promise<number>;
-  retrysafeSummaries(numberOfKeys: number, ...keys: string[]): Promise<SummaryReply>;
-  retrysafeDelete(key: string, channel: string): Promise<number>;
-  retrysafeSaveStep(
-    key: string,
-    owner: string,
-    name: string,
-    value: string,
-    request: string,
-  ): Promise<number>;
-  retrysafeAbandoned(numberOfKeys: number, ...keys: string[]): Promise<([string, string, number] | null)[]>;
-}
+// The record format and the scripts that read and write it: ./scripts.ts.
 
 const NEWLINE = 0x0a;
 const IN_PROGRESS = 0x50; // 'P'
@@ -460,7 +283,8 @@ function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprin
  * A store on Redis (7.0 or later) through `ioredis`: a claim is one native `SET … NX … GET`, every
  * other step one Lua script (atomic, one round trip, times from the Redis server's clock), fenced by
  * the owner token; retention is the key's native TTL; `wait` listens on one pub/sub connection per
- * store, with polling as the fallback. Records written by 0.1.0 (hashes) are read until they expire.
+ * store, with polling as the fallback. Records written by 0.1.0 (hashes) are read until they expire
+ * (until 0.3.0, which removes that reading).
  *
  * Durability: Redis is a cache unless configured otherwise. A Redis without persistence (no AOF,
  * no RDB, as many deployments run it) forgets every key when it restarts, so a retry that arrives
@@ -523,16 +347,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
   }
   // The request path's commands (claim, complete, release, renew) go out in per-turn batches.
   const batchWrites = writesPerTurn(client);
-  client.defineCommand('retrysafeClaimHeld', { numberOfKeys: 1, lua: CLAIM_HELD_LUA });
-  client.defineCommand('retrysafeComplete', { numberOfKeys: 1, lua: COMPLETE_LUA });
-  client.defineCommand('retrysafeRelease', { numberOfKeys: 1, lua: RELEASE_LUA });
-  client.defineCommand('retrysafeRenew', { numberOfKeys: 1, lua: RENEW_LUA });
-  client.defineCommand('retrysafeLeaseLeft', { numberOfKeys: 1, lua: LEASE_LEFT_LUA, readOnly: true });
-  client.defineCommand('retrysafeSummaries', { lua: SUMMARIES_LUA, readOnly: true });
-  client.defineCommand('retrysafeDelete', { numberOfKeys: 1, lua: DELETE_LUA });
-  client.defineCommand('retrysafeSaveStep', { numberOfKeys: 1, lua: SAVE_STEP_LUA });
-  client.defineCommand('retrysafeAbandoned', { lua: ABANDONED_LUA, readOnly: true });
-  const commands = client as unknown as RetrysafeCommands;
+  const commands = defineScripts(client);
 
   const channel = `${prefix}settled`;
   const redisKey = (scope: string, key: string) => `${prefix}${recordId(scope, key)}`;
@@ -619,7 +434,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       try {
         found = await client.setBuffer(id, record, 'PX', retainMs, 'NX', 'GET');
       } catch (error) {
-        // A 0.1.0 hash: CLAIM_HELD_LUA reads it.
+        // A 0.1.0 hash: CLAIM_HELD_LUA reads it (removed in 0.3.0).
         if (!(error instanceof Error && error.message.startsWith('WRONGTYPE'))) throw error;
       }
       let answer: ClaimResult | undefined = found === null ? { outcome: 'acquired', token } : undefined;

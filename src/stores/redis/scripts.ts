@@ -1,0 +1,231 @@
+import type { Cluster, Redis } from 'ioredis';
+
+// Record format. A record is one string, so a claim is one native `SET … NX PX … GET`: it writes
+// a new key, or answers the record there without writing. Lines, then the raw bytes:
+//   in progress: P \n token \n leaseEndsBeforeExpiryMs \n createdBeforeExpiryMs \n fingerprint [\n steps]
+//     where steps, once a step is saved, is JSON {"steps": [{name, value}…], "request": …}
+//   completed:   C \n createdBeforeExpiryMs \n status \n fingerprint's byte length \n headers JSON \n fingerprint body
+// Times count back from the key's own expiry, which Redis sets from its clock: the claim needs no
+// clock of ours, and lease and creation times stay Redis's ("now" from the database server).
+//
+// Each script names its KEYS and ARGV in locals at its top, in the order `RetrysafeCommands`
+// passes them; the fragments below use those names.
+
+const MS_NOW = `local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
+
+// Release 0.1.0 wrote hashes (fields fingerprint, state, token, lease_until_ms, created_at_ms,
+// status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
+// answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did. To be removed in
+// 0.3.0 (see CHANGELOG): run 0.2.x for one `ttl` first, and every 0.1.0 record has expired.
+// Needs the local `key`.
+const LEGACY_HASH = `redis.call('TYPE', key).ok == 'hash'`;
+// A Lua pattern: an in-progress record's lease offset, creation offset, fingerprint and steps
+// (`''`, or a newline and their JSON). It also reads the first 80 bytes of one (GETRANGE), whose
+// fingerprint it then cuts short.
+const IN_PROGRESS_FIELDS = `'^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n([^\\n]*)(.*)$'`;
+
+// The claim of a key that holds a record in progress (its lease needs the key's TTL) or a 0.1.0
+// hash: what the native claim cannot decide. Replies like the native claim ({'record', value}) or
+// as 0.1.0 did.
+export const CLAIM_HELD_LUA = `local key = KEYS[1]
+local fingerprint = ARGV[1]
+local newRecord = ARGV[2]
+local retainMs = ARGV[3]
+if ${LEGACY_HASH} then
+  ${MS_NOW}
+  local rec = redis.call('HMGET', key, 'fingerprint', 'state', 'lease_until_ms', 'status', 'headers', 'body')
+  if rec[1] then
+    if rec[1] ~= fingerprint then return {'mismatch'} end
+    if rec[2] == 'completed' then return {'replay', rec[4], rec[5], rec[6]} end
+    local left = tonumber(rec[3]) - now
+    if left > 0 then return {'in_progress', left} end
+  end
+  redis.call('DEL', key)
+else
+  local value = redis.call('GET', key)
+  if value and string.sub(value, 1, 1) == 'P' then
+    local leaseOffset, _, heldFingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
+    if heldFingerprint ~= fingerprint then return {'mismatch'} end
+    local left = redis.call('PTTL', key) - tonumber(leaseOffset)
+    if left > 0 then return {'in_progress', left} end
+    -- A takeover: the finished steps stay with the record and go back to the new owner.
+    redis.call('SET', key, newRecord .. steps, 'PX', retainMs)
+    return {'acquired', steps}
+  elseif value then
+    return {'record', value}
+  end
+end
+redis.call('SET', key, newRecord, 'PX', retainMs)
+return {'acquired'}`;
+
+// Is `key` the record in progress that `owner` ("P \n token \n") owns? Sets \`value\`.
+const OWNED = `local value = redis.pcall('GET', key)
+if type(value) ~= 'string' or string.sub(value, 1, #owner) ~= owner then return 0 end`;
+
+// KEEPTTL: retention counts from the claim.
+export const COMPLETE_LUA = `local key = KEYS[1]
+local owner = ARGV[1]
+local status = ARGV[2]
+local headersJson = ARGV[3]
+local body = ARGV[4]
+local channel = ARGV[5]
+${OWNED}
+local _, created, fingerprint = string.match(value, ${IN_PROGRESS_FIELDS})
+redis.call('SET', key, 'C\\n' .. created .. '\\n' .. status .. '\\n' .. #fingerprint .. '\\n' .. headersJson .. '\\n' .. fingerprint .. body, 'KEEPTTL')
+redis.call('PUBLISH', channel, key)
+return 1`;
+
+export const RELEASE_LUA = `local key = KEYS[1]
+local owner = ARGV[1]
+local channel = ARGV[2]
+${OWNED}
+redis.call('DEL', key)
+redis.call('PUBLISH', channel, key)
+return 1`;
+
+// The key's TTL grows with the lease should the lease outlive it, and the offsets with it.
+export const RENEW_LUA = `local key = KEYS[1]
+local owner = ARGV[1]
+local lease = tonumber(ARGV[2])
+${OWNED}
+local _, created, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
+local expiresIn = redis.call('PTTL', key)
+local grown = 0
+if expiresIn < lease then
+  redis.call('PEXPIRE', key, lease)
+  grown = lease - expiresIn
+  expiresIn = lease
+end
+redis.call('SET', key, owner .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'KEEPTTL')
+return 1`;
+
+// One SET: the step joins the record's steps. `request` is '' for none.
+export const SAVE_STEP_LUA = `local key = KEYS[1]
+local owner = ARGV[1]
+local stepName = ARGV[2]
+local stepValue = ARGV[3]
+local request = ARGV[4]
+${OWNED}
+local head, steps = string.match(value, '^(P\\n[^\\n]*\\n[^\\n]*\\n[^\\n]*\\n[^\\n]*)(.*)$')
+local data = {steps = {}}
+if steps ~= '' then data = cjson.decode(string.sub(steps, 2)) end
+table.insert(data.steps, {name = stepName, value = stepValue})
+if request ~= '' then data.request = request end
+redis.call('SET', key, head .. '\\n' .. cjson.encode(data), 'KEEPTTL')
+return 1`;
+
+// KEYS: records. Replies, per key, {fingerprint, steps JSON, ms since its lease passed} for those
+// in progress with a passed lease and a saved request; false for the others.
+export const ABANDONED_LUA = `local out = {}
+for i, key in ipairs(KEYS) do
+  out[i] = false
+  if redis.call('TYPE', key).ok == 'string' then
+    local value = redis.call('GET', key)
+    local leaseOffset, _, fingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
+    if leaseOffset and steps ~= '' then
+      local left = redis.call('PTTL', key) - tonumber(leaseOffset)
+      if left <= 0 then out[i] = {fingerprint, string.sub(steps, 2), -left} end
+    end
+  end
+end
+return out`;
+
+// Ms left on a live lease, or -1 when the record is not in progress.
+export const LEASE_LEFT_LUA = `local key = KEYS[1]
+local left
+if ${LEGACY_HASH} then
+  local rec = redis.call('HMGET', key, 'state', 'lease_until_ms')
+  if rec[1] ~= 'in_progress' then return -1 end
+  ${MS_NOW}
+  left = tonumber(rec[2]) - now
+else
+  local head = redis.call('GETRANGE', key, 0, 79)
+  local leaseOffset = string.match(head, ${IN_PROGRESS_FIELDS})
+  if not leaseOffset then return -1 end
+  left = redis.call('PTTL', key) - tonumber(leaseOffset)
+end
+if left <= 0 then return -1 end
+return left`;
+
+// KEYS: records. Replies {now, {state, status, lease_until_ms, created_at_ms, ms to expiry} per key};
+// state is nil for a key that is gone (or is not one of our records).
+export const SUMMARIES_LUA = `${MS_NOW}
+local out = {}
+for i, key in ipairs(KEYS) do
+  local kind = redis.call('TYPE', key).ok
+  local expiresIn = redis.call('PTTL', key)
+  out[i] = {false}
+  if kind == 'hash' then
+    local rec = redis.call('HMGET', key, 'state', 'status', 'lease_until_ms', 'created_at_ms')
+    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresIn}
+  elseif kind == 'string' then
+    local head = redis.call('GETRANGE', key, 0, 79)
+    local leaseOffset, created = string.match(head, ${IN_PROGRESS_FIELDS})
+    if leaseOffset then
+      local expiresAt = now + expiresIn
+      local _, _, _, steps = string.match(redis.call('GET', key), ${IN_PROGRESS_FIELDS})
+      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn, steps}
+    else
+      local created, status = string.match(head, '^C\\n([^\\n]*)\\n([^\\n]*)\\n')
+      if created then out[i] = {'completed', status, false, now + expiresIn - tonumber(created), expiresIn} end
+    end
+  end
+end
+return {now, out}`;
+
+export const DELETE_LUA = `local key = KEYS[1]
+local channel = ARGV[1]
+if redis.call('DEL', key) == 0 then return 0 end
+redis.call('PUBLISH', channel, key)
+return 1`;
+
+export type SummaryReply = [
+  number,
+  [string | null, string | null, string | null, string | null, number, string | undefined][],
+];
+
+/** The scripts as client commands; each takes its arguments in the order its script names them. */
+export interface RetrysafeCommands {
+  retrysafeClaimHeldBuffer(
+    key: string,
+    fingerprint: string,
+    newRecord: string,
+    retainMs: number,
+  ): Promise<(Buffer | number | null)[]>;
+  retrysafeComplete(
+    key: string,
+    owner: string,
+    status: number,
+    headersJson: string,
+    body: Buffer,
+    channel: string,
+  ): Promise<number>;
+  retrysafeRelease(key: string, owner: string, channel: string): Promise<number>;
+  retrysafeRenew(key: string, owner: string, leaseMs: number): Promise<number>;
+  retrysafeLeaseLeft(key: string): Promise<number>;
+  retrysafeSummaries(numberOfKeys: number, ...keys: string[]): Promise<SummaryReply>;
+  retrysafeDelete(key: string, channel: string): Promise<number>;
+  retrysafeSaveStep(
+    key: string,
+    owner: string,
+    stepName: string,
+    stepValue: string,
+    request: string,
+  ): Promise<number>;
+  retrysafeAbandoned(numberOfKeys: number, ...keys: string[]): Promise<([string, string, number] | null)[]>;
+}
+
+/** Defines the scripts on `client` (ioredis loads each on first use) and returns it as their commands. */
+export function defineScripts(client: Redis | Cluster): RetrysafeCommands {
+  client.defineCommand('retrysafeClaimHeld', { numberOfKeys: 1, lua: CLAIM_HELD_LUA });
+  client.defineCommand('retrysafeComplete', { numberOfKeys: 1, lua: COMPLETE_LUA });
+  client.defineCommand('retrysafeRelease', { numberOfKeys: 1, lua: RELEASE_LUA });
+  client.defineCommand('retrysafeRenew', { numberOfKeys: 1, lua: RENEW_LUA });
+  client.defineCommand('retrysafeLeaseLeft', { numberOfKeys: 1, lua: LEASE_LEFT_LUA, readOnly: true });
+  client.defineCommand('retrysafeSummaries', { lua: SUMMARIES_LUA, readOnly: true });
+  client.defineCommand('retrysafeDelete', { numberOfKeys: 1, lua: DELETE_LUA });
+  client.defineCommand('retrysafeSaveStep', { numberOfKeys: 1, lua: SAVE_STEP_LUA });
+  client.defineCommand('retrysafeAbandoned', { lua: ABANDONED_LUA, readOnly: true });
+  return client as unknown as RetrysafeCommands;
+}
