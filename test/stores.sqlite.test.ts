@@ -14,13 +14,13 @@ import {
   type SqliteDriverName,
   type SqliteStore,
   sqliteStore,
-} from '../src/stores/sqlite.js';
+} from '../src/stores/sqlite/index.js';
 import {
   isBusyError,
   NODE_SQLITE_MIN_VERSION,
   nodeSqliteAvailable,
   openDatabase,
-} from '../src/stores/sqlite-driver.js';
+} from '../src/stores/sqlite/driver.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';

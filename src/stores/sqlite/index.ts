@@ -16,9 +16,9 @@ import type {
   PhaseStore,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+} from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -35,8 +35,8 @@ import {
   stepsOf,
   summaryOf,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
 import {
   type Driver,
   driverOf,
@@ -46,14 +46,14 @@ import {
   type SqliteDatabase,
   type SqliteDriverName,
   type Statement,
-} from './sqlite-driver.js';
+} from './driver.js';
 
 export type {
   NodeSqliteDatabase,
   NodeSqliteStatement,
   SqliteDatabase,
   SqliteDriverName,
-} from './sqlite-driver.js';
+} from './driver.js';
 
 /** Options of {@link sqliteStore}. */
 export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
