@@ -4,7 +4,8 @@ import type { AtomicWorkResult, ClaimInput, StoredResponse } from '../src/core/i
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
-import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
+import { postgresUnderTest } from './support/postgres-under-test.js';
+import { dropSchemas, hasPostgres, uniqueName } from './support/services.js';
 
 /**
  * The PostgreSQL store through Debian's PgBouncer in transaction pooling mode, started by the
@@ -31,27 +32,7 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
   // Fewer server sessions than the store has connections: every one is shared by several.
   describeStoreConformance('postgres behind PgBouncer (lease and atomic mode)', async () => {
     const bouncer = await startPgBouncer({ poolSize: 3 });
-    const schema = uniqueName('rs_pgb_conf');
-    const admin = new pg.Pool({ connectionString: PG_URL, max: 2 });
-    const store = postgresStore({ connectionString: bouncer.url, schema, pooling: 'transaction' });
-    await store.migrate();
-    await admin.query(`CREATE TABLE "${schema}".probe (id serial PRIMARY KEY)`);
-    return {
-      store,
-      atomicProbe: {
-        async write(tx: pg.PoolClient) {
-          await tx.query(`INSERT INTO "${schema}".probe DEFAULT VALUES`);
-        },
-        async count() {
-          return Number((await admin.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
-        },
-      },
-      async cleanup() {
-        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-        await admin.end();
-        await bouncer.stop();
-      },
-    };
+    return postgresUnderTest({ connectionString: bouncer.url, pooling: 'transaction' }, () => bouncer.stop());
   });
 
   describe('specifics', () => {

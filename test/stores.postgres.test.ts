@@ -6,33 +6,12 @@ import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
+import { postgresUnderTest } from './support/postgres-under-test.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { signal } from './support/signal.js';
 
 describe.skipIf(!hasPostgres)('postgres', () => {
-  /** A store in a schema of its own, with a table for the atomic-mode tests to write to. */
-  const postgresWithProbe = async () => {
-    const schema = uniqueName('rs_pg_conf');
-    const admin = new pg.Pool({ connectionString: PG_URL, max: 2 });
-    const store = postgresStore({ connectionString: PG_URL, schema });
-    await store.migrate();
-    await admin.query(`CREATE TABLE "${schema}".probe (id serial PRIMARY KEY)`);
-    return {
-      store,
-      atomicProbe: {
-        async write(tx: pg.PoolClient) {
-          await tx.query(`INSERT INTO "${schema}".probe DEFAULT VALUES`);
-        },
-        async count() {
-          return Number((await admin.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
-        },
-      },
-      async cleanup() {
-        await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-        await admin.end();
-      },
-    };
-  };
+  const postgresWithProbe = () => postgresUnderTest();
   describeStoreConformance('postgres (lease and atomic mode)', postgresWithProbe);
   describeIdempotentConformance('postgres', postgresWithProbe);
 });

@@ -116,6 +116,37 @@ export async function purgeInBatches(
   }
 }
 
+/**
+ * A purge batch of `rows` records deleted as statements that each hold the event loop for about
+ * `budgetMs` at most: a synchronous driver (SQLite) blocks every request while one runs, however
+ * few rows it names. Each statement's row limit follows the last one's time (halved past the
+ * budget, doubled under half of it, never above `rows`), and the event loop runs its queued
+ * I/O (`pause`) between two statements, so a request waits one short statement, not a batch.
+ * `deleteUpTo(limit)` deletes up to `limit` expired records and says how many.
+ */
+export function pacedDeletes(
+  budgetMs: number,
+  deleteUpTo: (limit: number) => Promise<number>,
+  pause: () => Promise<unknown> = yieldToEventLoop,
+  nowMs: () => number = () => performance.now(),
+): (rows: number) => Promise<number> {
+  let limit = 1;
+  return async (rows) => {
+    let deleted = 0;
+    for (;;) {
+      const asked = Math.min(limit, rows - deleted);
+      const startedMs = nowMs();
+      const count = await deleteUpTo(asked);
+      const tookMs = nowMs() - startedMs;
+      deleted += count;
+      if (count < asked || deleted >= rows) return deleted;
+      if (tookMs > budgetMs) limit = Math.max(1, Math.floor(limit / 2));
+      else if (tookMs < budgetMs / 2) limit = Math.min(limit * 2, rows);
+      await pause();
+    }
+  };
+}
+
 export function yieldToEventLoop(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
 }

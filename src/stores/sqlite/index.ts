@@ -24,6 +24,7 @@ import {
   keysetPage,
   listRequest,
   newToken,
+  pacedDeletes,
   purgeInBatches,
   recordId,
   requirePositiveInteger,
@@ -144,6 +145,13 @@ export interface SqliteStore<D extends SqliteDatabase = SqliteDatabase>
  * during a 200k purge in the benchmark, against ×2 with 50-row batches).
  */
 const SQLITE_PURGE_BATCH_SIZE = 200;
+
+/**
+ * The longest a purge's DELETE should hold the event loop (and the write lock): a batch is split
+ * into statements that fit (see pacedDeletes), so a request queued behind the purge waits about
+ * this long, not a batch, whatever the table's size and the machine's load make a row cost.
+ */
+const SQLITE_PURGE_STATEMENT_MS = 1;
 
 /**
  * The longest pause between two tries for the write lock held by another process. SQLite's own
@@ -734,9 +742,14 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     const checkpointer = walCheckpointer(db);
     try {
       // A batch holds the event loop and the write lock: the rests leave requests half of both.
+      const deleteBatch = pacedDeletes(
+        SQLITE_PURGE_STATEMENT_MS,
+        async (limit) =>
+          (await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize: limit }))).changes,
+      );
       return await purgeInBatches(
         batchSize,
-        async () => (await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize }))).changes,
+        () => deleteBatch(batchSize),
         checkpointer ? (ms) => Promise.all([sleep(ms), checkpointer.checkpoint()]) : undefined,
       );
     } finally {
