@@ -152,7 +152,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
     }
     if (!exists) throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
   }
-  const { sqliteStore } = await import('./stores/sqlite.js');
+  const { sqliteStore } = await import('./stores/sqlite/index.js');
   // The SQLite store creates its table and index when it opens the file.
   const store = sqliteStore({ filename: databaseUrl, table });
   return { store, migrate: async () => {}, label };
@@ -208,7 +208,7 @@ async function migrationSql(databaseUrl: string, schema?: string, table?: string
     const { mysqlMigrationSql } = await import('./stores/mysql/index.js');
     return mysqlMigrationSql({ table });
   }
-  const { sqliteMigrationSql } = await import('./stores/sqlite.js');
+  const { sqliteMigrationSql } = await import('./stores/sqlite/index.js');
   return sqliteMigrationSql({ table });
 }
 

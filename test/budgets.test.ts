@@ -10,7 +10,7 @@ import type { IdempotencyStore } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { countTurns, type PromiseTurns } from './support/promise-turns.js';
 import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 

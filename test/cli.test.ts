@@ -20,7 +20,7 @@ import { idempotent } from '../src/core/index.js';
 import { mysqlStore } from '../src/stores/mysql/index.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import {
   clusterClient,

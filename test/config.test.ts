@@ -12,7 +12,7 @@ import { ConfigError, createIdempotency, RetrysafeError } from '../src/core/inde
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 
 const store = memoryStore();
 

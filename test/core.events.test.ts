@@ -10,7 +10,7 @@ import {
   type StoredResponse,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from './support/engine-request.js';
 
 /** Every event kind the engine reports, each from a request that causes it. */

@@ -3,7 +3,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { NODE_SQLITE_MIN_VERSION, nodeSqliteAvailable } from '../src/stores/sqlite-driver.js';
+import { NODE_SQLITE_MIN_VERSION, nodeSqliteAvailable } from '../src/stores/sqlite/driver.js';
 import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 

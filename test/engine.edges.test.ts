@@ -15,7 +15,7 @@ import {
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from './support/engine-request.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 

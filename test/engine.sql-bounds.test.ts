@@ -11,7 +11,7 @@ import {
   type Outcome,
 } from '../src/core/index.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from './support/engine-request.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';

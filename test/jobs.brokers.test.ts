@@ -12,7 +12,7 @@ import { Queue } from 'bullmq';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { postgresStore } from '../src/stores/postgres/index.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 import {
   dropSchemas,
   hasPostgres,

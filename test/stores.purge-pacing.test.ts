@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { describe, expect, it } from 'vitest';
 import { pacedDeletes, purgeInBatches } from '../src/stores/internal.js';
-import { sqliteStore } from '../src/stores/sqlite.js';
+import { sqliteStore } from '../src/stores/sqlite/index.js';
 
 describe('purgeInBatches (the SQLite and PostgreSQL purges)', () => {
   it('rests after every full batch, never after the short one that ends the purge', async () => {

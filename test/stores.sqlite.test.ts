@@ -10,17 +10,17 @@ import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
 import {
-  type SqliteDatabase,
-  type SqliteDriverName,
-  type SqliteStore,
-  sqliteStore,
-} from '../src/stores/sqlite.js';
-import {
   isBusyError,
   NODE_SQLITE_MIN_VERSION,
   nodeSqliteAvailable,
   openDatabase,
-} from '../src/stores/sqlite-driver.js';
+} from '../src/stores/sqlite/driver.js';
+import {
+  type SqliteDatabase,
+  type SqliteDriverName,
+  type SqliteStore,
+  sqliteStore,
+} from '../src/stores/sqlite/index.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';

@@ -17,7 +17,7 @@ import { memoryStore } from '../../src/stores/memory.js';
 import { mysqlStore } from '../../src/stores/mysql/index.js';
 import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
 import { redisStore } from '../../src/stores/redis/index.js';
-import { sqliteStore } from '../../src/stores/sqlite.js';
+import { sqliteStore } from '../../src/stores/sqlite/index.js';
 import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';
 import {
   dropSchemas,

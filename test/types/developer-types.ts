@@ -10,7 +10,7 @@ import { idempotency as honoIdempotency } from '../../src/adapters/hono.js';
 import { idempotency as nodeIdempotency } from '../../src/adapters/node.js';
 import { createIdempotency, type Duration } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { type SqliteDatabase, sqliteStore } from '../../src/stores/sqlite.js';
+import { type SqliteDatabase, sqliteStore } from '../../src/stores/sqlite/index.js';
 
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 function assertType<T extends true>(_: T): void {}

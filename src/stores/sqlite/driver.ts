@@ -1,6 +1,6 @@
 import { createRequire } from 'node:module';
 import type BetterSqlite3 from 'better-sqlite3';
-import { ConfigError } from '../core/contract/index.js';
+import { ConfigError } from '../../core/contract/index.js';
 
 /** The SQLite bindings {@link sqliteStore} can run on. */
 export type SqliteDriverName = 'better-sqlite3' | 'node:sqlite';

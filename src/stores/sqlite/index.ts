@@ -1,7 +1,5 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
-import { createRequire } from 'node:module';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Worker } from 'node:worker_threads';
 import type Database from 'better-sqlite3';
 import type {
   AbandonedOptions,
@@ -16,9 +14,9 @@ import type {
   PhaseStore,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+} from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -32,12 +30,12 @@ import {
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
-  sqlIdentifier,
   stepsOf,
   summaryOf,
   Waiters,
-} from './internal.js';
-import { pollUntilSettled } from './poll-wait.js';
+} from '../internal.js';
+import { pollUntilSettled } from '../poll-wait.js';
+import { walCheckpointer } from './checkpoint.js';
 import {
   type Driver,
   driverOf,
@@ -47,14 +45,16 @@ import {
   type SqliteDatabase,
   type SqliteDriverName,
   type Statement,
-} from './sqlite-driver.js';
+} from './driver.js';
+import { addStepColumns, sqliteMigrationSql, tableName } from './migrate.js';
 
 export type {
   NodeSqliteDatabase,
   NodeSqliteStatement,
   SqliteDatabase,
   SqliteDriverName,
-} from './sqlite-driver.js';
+} from './driver.js';
+export { sqliteMigrationSql } from './migrate.js';
 
 /** Options of {@link sqliteStore}. */
 export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
@@ -200,49 +200,6 @@ class SerialQueue {
 interface Frame {
   open: boolean;
   queue: SerialQueue;
-}
-
-const tableName = (value: unknown) => sqlIdentifier('sqliteStore', 'table', value);
-
-/**
- * The statements the store runs when it opens the database (each safe to run again), for a
- * migration tool of your own (`retrysafe migrate --print`).
- */
-export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
-  const table = tableName(options.table ?? 'idempotency_keys');
-  return [
-    `CREATE TABLE IF NOT EXISTS "${table}" (
-  scope TEXT NOT NULL,
-  key TEXT NOT NULL,
-  fingerprint TEXT NOT NULL,
-  token TEXT NOT NULL,
-  lease_until_ms INTEGER NOT NULL,
-  created_at_ms INTEGER NOT NULL,
-  expires_at_ms INTEGER NOT NULL,
-  completed_at_ms INTEGER,
-  status INTEGER,
-  headers TEXT,
-  body BLOB,
-  steps TEXT,
-  request TEXT,
-  PRIMARY KEY (scope, key))`,
-    `CREATE INDEX IF NOT EXISTS "${table}_expires_at_ms" ON "${table}" (expires_at_ms)`,
-  ];
-}
-
-/** The step columns, added to a table created before steps existed. */
-const STEP_COLUMNS = ['steps', 'request'] as const;
-
-/** `ALTER TABLE` for the step columns a table made by an older release lacks. */
-function addStepColumns(db: Driver, table: string): void {
-  const info = db.prepare(`SELECT name FROM pragma_table_info('${table}')`).all() as { name: string }[];
-  const columns = new Set(info.map((column) => column.name));
-  for (const column of STEP_COLUMNS) {
-    if (!columns.has(column)) db.exec(`ALTER TABLE "${table}" ADD COLUMN ${column} TEXT`);
-  }
-  db.exec(
-    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON "${table}" (lease_until_ms) WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
-  );
 }
 
 const OPTION_NAMES = optionNames<SqliteStoreOptions>({
@@ -850,73 +807,5 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     close,
     atomic,
     transaction,
-  };
-}
-
-// The checkpointer's thread: its own connection to the file, a PASSIVE checkpoint per message.
-const CHECKPOINTER_SOURCE = `
-const { parentPort, workerData } = require('node:worker_threads');
-const driver = require(workerData.driver);
-const db =
-  workerData.driver === 'node:sqlite' ? new driver.DatabaseSync(workerData.filename) : new driver(workerData.filename);
-db.exec('PRAGMA busy_timeout = 1000');
-parentPort.on('message', () => {
-  try {
-    db.exec('PRAGMA wal_checkpoint(PASSIVE)');
-  } catch {
-    // The next checkpoint (or the serving connection's own, after the purge) catches up.
-  }
-  parentPort.postMessage(null);
-});`;
-
-/**
- * A purge writes hundreds of WAL pages a batch, so SQLite's auto-checkpoint (every 1,000 pages)
- * ran on the serving connection every few batches: a 4 MB copy and an fsync on the event loop,
- * charged to whichever request or batch committed past the mark (p99 ×4 during a 1M purge).
- * While a purge runs, a connection of its own on a worker thread checkpoints after every batch
- * instead, and the serving connection's auto-checkpoint is off. `undefined` for a database with no
- * WAL file (in memory, another journal mode).
- */
-function walCheckpointer(db: Driver) {
-  const pragma = (name: string) => Object.values(db.prepare(`PRAGMA ${name}`).get() as object)[0] as unknown;
-  const main = (db.prepare('PRAGMA database_list').all() as { name: string; file: string }[]).find(
-    (database) => database.name === 'main',
-  );
-  if (!main?.file || String(pragma('journal_mode')).toLowerCase() !== 'wal') return undefined;
-  const autoCheckpoint = pragma('wal_autocheckpoint') as number;
-  db.exec('PRAGMA wal_autocheckpoint = 0');
-  const driver =
-    db.name === 'node:sqlite' ? 'node:sqlite' : createRequire(import.meta.url).resolve('better-sqlite3');
-  const worker = new Worker(CHECKPOINTER_SOURCE, { eval: true, workerData: { driver, filename: main.file } });
-  worker.unref();
-  let failed = false;
-  let pending: (() => void) | undefined;
-  const settle = () => {
-    const done = pending;
-    pending = undefined;
-    done?.();
-  };
-  worker.on('message', settle);
-  worker.on('error', () => {
-    failed = true;
-    settle();
-  });
-  return {
-    /** Resolves once the WAL written so far is checkpointed (at once if the thread failed). */
-    checkpoint(): Promise<void> {
-      if (failed) return Promise.resolve();
-      return new Promise<void>((resolve) => {
-        pending = resolve;
-        worker.postMessage(null);
-      });
-    },
-    async close(): Promise<void> {
-      await worker.terminate();
-      try {
-        db.exec(`PRAGMA wal_autocheckpoint = ${autoCheckpoint}`);
-      } catch {
-        // The connection was closed meanwhile: nothing is left to restore.
-      }
-    },
   };
 }
