@@ -4,10 +4,11 @@ import net from 'node:net';
 import { promisify } from 'node:util';
 import Database from 'better-sqlite3';
 import { Redis } from 'ioredis';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, vi } from 'vitest';
 import { fingerprint } from '../src/core/request/index.js';
 import {
   getJson,
+  type LoanDesk,
   type LoanResponse,
   listLoans,
   postLoan,
@@ -114,6 +115,17 @@ describe.each(databases)('loan desk on $name, atomic mode', ({ skip, url }) => {
     }
   });
 });
+
+/** Rows of the desk's SQLite key table: all of them, or those not (`'loans'`) or only (`'receipts'`) of receipt jobs. */
+function keyRows(desk: LoanDesk, which?: 'loans' | 'receipts'): number {
+  const where = which === undefined ? '' : `WHERE scope ${which === 'receipts' ? '=' : '<>'} 'receipts'`;
+  const db = new Database(desk.databaseUrl, { readonly: true });
+  try {
+    return db.prepare(`SELECT count(*) FROM idempotency_keys ${where}`).pluck().get() as number;
+  } finally {
+    db.close();
+  }
+}
 
 describe('loan desk on SQLite, lease mode', () => {
   it('a key held by a live owner is 409 request_in_progress after IDEMPOTENCY_WAIT; a dead owner is taken over once its lease passes', async () => {
@@ -268,20 +280,13 @@ describe('loan desk on SQLite', () => {
 
   it('expired keys are purged by the timer', async () => {
     const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '2s', PURGE_INTERVAL: '250ms' } });
-    const keyRows = () => {
-      const db = new Database(desk.databaseUrl, { readonly: true });
-      try {
-        return db.prepare('SELECT count(*) FROM idempotency_keys').pluck().get() as number;
-      } finally {
-        db.close();
-      }
-    };
     try {
       for (let i = 0; i < 3; i++)
         expect((await postLoan(desk.baseUrl, intent(), { key: key() })).status).toBe(201);
-      expect(keyRows()).toBe(3);
+      expect(keyRows(desk, 'loans')).toBe(3);
       await sleep(3000);
-      expect(keyRows()).toBe(0);
+      // The loans' keys and their receipts' (each loan's receipt job keeps a key of its own).
+      expect(keyRows(desk)).toBe(0);
       expect(await listLoans(desk.baseUrl)).toHaveLength(3);
     } finally {
       await desk.stop();
@@ -291,11 +296,13 @@ describe('loan desk on SQLite', () => {
   it('the purge command deletes expired keys on demand', async () => {
     const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '1s', PURGE_INTERVAL: '1h' } });
     for (let i = 0; i < 3; i++) await postLoan(desk.baseUrl, intent(), { key: key() });
+    await vi.waitFor(() => expect(keyRows(desk, 'receipts')).toBe(3), { timeout: 10_000 });
     await desk.stop();
     await sleep(1200);
     const env = { ...process.env, DATABASE_URL: desk.databaseUrl };
     const purge = () => run(process.execPath, ['examples/library-loans/purge.js'], { cwd: ROOT, env });
-    expect((await purge()).stdout).toMatch(/^purged 3 expired keys \(SQLite /);
+    // Three loans' keys and their three receipts' keys.
+    expect((await purge()).stdout).toMatch(/^purged 6 expired keys \(SQLite /);
     expect((await purge()).stdout).toMatch(/^purged 0 expired keys/);
   });
 
