@@ -1,10 +1,7 @@
-import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
-import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it, vi } from 'vitest';
-import { createRetryingFetch } from '../src/client/index.js';
-import { type LoanDesk, listLoans, startLoanDesk } from './support/loan-desk.js';
+import { type LoanDesk, startLoanDesk } from './support/loan-desk.js';
 
 /**
  * `WORKERS=2` desks whose workers are killed with SIGKILL: the requests that arrive meanwhile are
@@ -101,64 +98,6 @@ describe('loan desk with WORKERS=2 when a worker dies', () => {
       expect(await desk.stop()).toBe(0);
     }
   }, 60_000);
-});
-
-/** Resolves with what `socket` received once it closes. */
-function closed(socket: net.Socket): Promise<string> {
-  let received = '';
-  socket.setEncoding('utf8').on('data', (text: string) => (received += text));
-  socket.on('error', () => {});
-  return new Promise((resolve) => socket.once('close', () => resolve(received)));
-}
-
-describe('loan desk with WORKERS=2: a worker killed holding a loan request', () => {
-  it('the client sees the connection closed at once, unanswered, and its retry with the key lends the book once', async () => {
-    const { desk, workers } = await twoWorkerDesk();
-    const [victim, other] = workers as [number, number];
-    try {
-      const before = (await listLoans(desk.baseUrl)).length;
-      const key = `killed-${randomUUID()}`;
-      const body = JSON.stringify({ member: 'U-1001', isbn: 'K-01', issuedAt: '2026-03-10' });
-      // Held, the other worker accepts nothing: the victim takes the loan request, which waits
-      // for the rest of its body, and then the GET behind it in the accept queue.
-      await hold(other);
-      const socket = net.connect(desk.port, '127.0.0.1');
-      const received = closed(socket);
-      await new Promise((resolve) => socket.once('connect', resolve));
-      socket.write(
-        `POST /loans HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n` +
-          `idempotency-key: ${key}\r\ncontent-length: ${body.length}\r\n\r\n${body.slice(0, 10)}`,
-      );
-      const books = await fetch(`${desk.baseUrl}/books`, {
-        headers: { connection: 'close' },
-        signal: AbortSignal.timeout(WAIT.timeout),
-      });
-      expect(books.status).toBe(200);
-      await books.text();
-      process.kill(victim, 'SIGKILL');
-      expect(await received).toBe('');
-      resume(other);
-      const retryingFetch = createRetryingFetch({ baseDelayMs: 10 });
-      const response = await retryingFetch(`${desk.baseUrl}/loans`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body,
-        idempotencyKey: key,
-      });
-      expect(response.status).toBe(201);
-      const again = await retryingFetch(`${desk.baseUrl}/loans`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body,
-        idempotencyKey: key,
-      });
-      expect(again.headers.get('idempotency-replayed')).toBe('true');
-      expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
-    } finally {
-      resume(other);
-      expect(await desk.stop()).toBe(0);
-    }
-  }, 40_000);
 });
 
 /** `GET /metrics` on a new connection: its status and text, or the name of the error that ended it. */
