@@ -22,6 +22,7 @@ const TABLES = [
     claimed_until_ms bigint NOT NULL DEFAULT 0,
     claim varbinary(32),
     done_at_ms bigint,
+    KEY receipt_job_pending (done_at_ms, loan_id),
     FOREIGN KEY (loan_id) REFERENCES loan (id))`,
   `CREATE TABLE IF NOT EXISTS receipt (
     id int AUTO_INCREMENT PRIMARY KEY,

@@ -28,6 +28,8 @@ const SCHEMA = `
     claimed_until_ms INTEGER NOT NULL DEFAULT 0,
     done_at_ms INTEGER
   );
+  -- Sent jobs stay; the outbox's claim reads only the unsent ones.
+  CREATE INDEX IF NOT EXISTS receipt_job_pending ON receipt_job (loan_id) WHERE done_at_ms IS NULL;
   CREATE TABLE IF NOT EXISTS receipt (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     loan_id INTEGER NOT NULL REFERENCES loan (id),
