@@ -22,10 +22,9 @@ describe('loan desk (SQLite): claiming receipt jobs', () => {
           `EXPLAIN QUERY PLAN SELECT loan_id FROM receipt_job
            WHERE done_at_ms IS NULL AND claimed_until_ms <= 0 ORDER BY loan_id LIMIT 10`,
         )
-        .all()
-        .map((row) => row.detail)
-        .join('; ');
-      expect(plan).toContain('USING INDEX receipt_job_pending');
+        .all() as { detail: string }[];
+      const details = plan.map((row) => row.detail).join('; ');
+      expect(details).toContain('USING INDEX receipt_job_pending');
       expect(await desk.claimReceiptJobs(10, 1_000)).toEqual([]);
     } finally {
       db.close();
