@@ -152,6 +152,36 @@ describe('GET /loans/:id/receipt', () => {
     }
   });
 
+  it('RECEIPTS=0 sends none: the job waits in the outbox until a desk that sends receipts starts', async () => {
+    const file = tempDatabaseUrl('receipts-off');
+    const quiet = await startLoanDesk({ env: { DATABASE_URL: file, RECEIPTS: '0' } });
+    let made: { id: number };
+    try {
+      made = (await postLoan(quiet.baseUrl, { member: 'U-1002', isbn: 'K-03', issuedAt: '2026-05-02' })).body;
+      // Longer than the outbox's 250 ms poll: a desk that sent receipts would have sent this one.
+      await sleep(1_000);
+      const pending = await getJson(quiet.baseUrl, `/loans/${made.id}/receipt`);
+      expect([pending.status, pending.body]).toEqual([
+        202,
+        { status: 'pending', loanId: made.id, attempts: 0 },
+      ]);
+    } finally {
+      expect(await quiet.stop()).toBe(0);
+    }
+    const sender = await startLoanDesk({ env: { DATABASE_URL: file } });
+    try {
+      await vi.waitFor(
+        async () => expect((await getJson(sender.baseUrl, `/loans/${made.id}/receipt`)).status).toBe(200),
+        WAIT,
+      );
+    } finally {
+      expect(await sender.stop()).toBe(0);
+    }
+    await expect(startLoanDesk({ env: { RECEIPTS: 'no' } })).rejects.toThrow(
+      /RECEIPTS="no" is invalid: expected `1` or `0`/,
+    );
+  });
+
   it('REDIS_URL that is not a redis:// URL stops the start, naming it', async () => {
     await expect(startLoanDesk({ env: { REDIS_URL: 'http://127.0.0.1:6379' } })).rejects.toThrow(
       /REDIS_URL="http:\/\/127\.0\.0\.1:6379" is invalid: expected a redis:\/\/ URL/,

@@ -178,15 +178,12 @@ export async function startLoanDesk(config, { setup }) {
   // retry landing on another one would not find its key.
   const scopeSecret =
     config.scopeSecret ?? (await database.secret('scope', randomBytes(32).toString('base64url')));
-  // Every desk process sends receipts: the outbox's leases (or BullMQ's locks) share the jobs out.
-  const receipts = await startReceipts({
-    ...config,
-    database,
-    store,
-    logger: ops.logger,
-    onEvent: ops.onEvent,
-  });
-  const desk = loanDesk({ ...config, database, store, ops, scopeSecret, onLent: receipts.nudge });
+  // Every desk process sends receipts (the outbox's leases, or BullMQ's locks, share the jobs out)
+  // unless RECEIPTS=0 leaves them to the processes that do.
+  const receipts = config.receipts.send
+    ? await startReceipts({ ...config, database, store, logger: ops.logger, onEvent: ops.onEvent })
+    : undefined;
+  const desk = loanDesk({ ...config, database, store, ops, scopeSecret, onLent: receipts?.nudge });
   const server = http.createServer(desk.handler);
   await new Promise((resolve, reject) => {
     server.once('error', reject);
@@ -216,7 +213,7 @@ export async function startLoanDesk(config, { setup }) {
     async close() {
       clearInterval(purge);
       await completer?.stop();
-      await receipts.stop();
+      await receipts?.stop();
       const closed = new Promise((resolve) => server.close(resolve));
       server.closeIdleConnections();
       await closed;

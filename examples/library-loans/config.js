@@ -30,6 +30,8 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  * REDIS_URL                  redis://host:port?prefix=name: each loan's receipt goes through a BullMQ
  *                            queue there (default: the IDEMPOTENCY_STORE Redis if one; else, or with
  *                            REDIS_URL=none, a worker in each desk process sends it from the outbox)
+ * RECEIPTS                   1 (default): this process sends the receipts of new loans; 0: it sends
+ *                            none, their jobs wait in the outbox for a process that does
  * RECEIPT_DELAY_MS           for tests only: a pause in each receipt job, before its receipt is
  *                            written and again before it is marked done, so a SIGKILL lands mid-job (0)
  * SCOPE_SECRET               at least 16 characters keying the scope digests (HMAC-SHA-256 of
@@ -162,6 +164,8 @@ export function readConfig(env = process.env) {
   if (adminLoopback !== '0' && adminLoopback !== '1') fail('ADMIN_LOOPBACK', '`1` or `0`');
   const completer = env.COMPLETER || '1';
   if (completer !== '0' && completer !== '1') fail('COMPLETER', '`1` or `0`');
+  const sendReceipts = env.RECEIPTS || '1';
+  if (sendReceipts !== '0' && sendReceipts !== '1') fail('RECEIPTS', '`1` or `0`');
   const providerUrl = env.PROVIDER_URL || 'http://127.0.0.1:8484';
   if (!URL.canParse(providerUrl) || !/^https?:$/.test(new URL(providerUrl).protocol)) {
     fail('PROVIDER_URL', 'an http:// or https:// URL like http://127.0.0.1:8484');
@@ -195,7 +199,11 @@ export function readConfig(env = process.env) {
     completer: completer === '1',
     completerIntervalMs: duration('COMPLETER_INTERVAL', '5s'),
     workers: integer('WORKERS', 1, 1),
-    receipts: { delayMs: integer('RECEIPT_DELAY_MS', 0, 0), redis: bullRedis(receiptsRedis) },
+    receipts: {
+      send: sendReceipts === '1',
+      delayMs: integer('RECEIPT_DELAY_MS', 0, 0),
+      redis: bullRedis(receiptsRedis),
+    },
     scopeSecret: env.SCOPE_SECRET || undefined,
     adminToken: env.ADMIN_TOKEN || undefined,
     adminLoopback: adminLoopback === '1',
