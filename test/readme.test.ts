@@ -56,6 +56,18 @@ describe('README and docs', () => {
     }
   });
 
+  // A path written as code (`src/core/engine/state.ts`) names a file a reader will open.
+  it.each([...pages, 'bench/README.md', 'examples/library-loans/README.md'])(
+    '%s names only repository files that exist',
+    (page) => {
+      const named = /`((?:src|test|bench|examples|scripts|docs)\/[\w./-]+\.\w+)`/g;
+      const missing = [...read(page).matchAll(named)]
+        .map((m) => m[1]!)
+        .filter((path) => !existsSync(join(root, path)));
+      expect(missing).toEqual([]);
+    },
+  );
+
   it.each(pages)('%s runs only npm scripts and CLI commands that exist', (page) => {
     const scripts = Object.keys(JSON.parse(read('package.json')).scripts as Record<string, string>);
     const cli = read('src/cli.ts');
