@@ -1,4 +1,5 @@
 import { Redis } from 'ioredis';
+import { expect, vi } from 'vitest';
 import { startProvider } from '../../examples/payment-provider/provider.js';
 import { tempDatabaseUrl } from './loan-desk.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './services.js';
@@ -53,6 +54,25 @@ export async function postFine(
 /** Every fine the desk holds (`GET /fines`). */
 export async function listFines(baseUrl: string): Promise<any[]> {
   return (await fetch(`${baseUrl}/fines`)).json();
+}
+
+/** Expects `fine` (as the desk shows it) charged once at the provider: its amount in euros, referenced by its id. */
+export async function expectChargedOnce(
+  provider: Provider,
+  fine: { id: number; chargeId: string; amount: number },
+): Promise<void> {
+  expect(await chargesFor(provider, fine.id)).toEqual([
+    { id: fine.chargeId, amount: fine.amount, currency: 'eur', reference: String(fine.id) },
+  ]);
+}
+
+/** Waits, polling every `intervalMs`, until the desk's first fine is paid (by its completer), and returns it. */
+export async function firstFinePaid(baseUrl: string, timeoutMs: number, intervalMs = 100): Promise<any> {
+  await vi.waitFor(async () => expect((await listFines(baseUrl))[0]?.status).toBe('paid'), {
+    timeout: timeoutMs,
+    interval: intervalMs,
+  });
+  return (await listFines(baseUrl))[0];
 }
 
 /**

@@ -3,6 +3,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { describe, it } from 'vitest';
 
 /** The repository root; the loan desk runs from here and imports `retrysafe/*` from dist/. */
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -53,6 +54,24 @@ function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
   } catch {
     // Already gone.
   }
+}
+
+/**
+ * `describe.each` over the databases a desk can run on (`$name` in `title` names each); one this
+ * machine cannot reach shows as a skipped test rather than failing or vanishing.
+ */
+export function describeEachDatabase<D extends { name: string; skip: boolean }>(
+  title: string,
+  databases: D[],
+  tests: (database: D) => void,
+): void {
+  describe.each(databases)(title, (database) => {
+    if (database.skip) {
+      it.skip('needs its database', () => {});
+      return;
+    }
+    tests(database);
+  });
 }
 
 /** A path for a new SQLite database, in a temp directory removed when this process exits. */
