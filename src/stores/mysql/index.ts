@@ -17,7 +17,7 @@ import {
   RetrysafeError,
   type SavedStep,
   type StoredResponse,
-} from '../../core/index.js';
+} from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import { atomicInFlight, BLOCKED_RETRY_AFTER_MS } from '../in-flight.js';
 import {
