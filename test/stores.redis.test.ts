@@ -8,6 +8,7 @@ import { describeIdempotentConformance } from './conformance/idempotent-suite.js
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { freePort } from './support/free-port.js';
 import { hasRedis, REDIS_URL, uniqueName } from './support/services.js';
+import { onEachWrite } from './support/socket-writes.js';
 
 async function deleteKeys(redis: Redis, prefix: string): Promise<void> {
   for await (const keys of redis.scanStream({ match: `${prefix}*`, count: 500 })) {
@@ -55,20 +56,8 @@ describe.skipIf(!hasRedis)('redis', () => {
     const store = redisStore({ client, prefix });
     try {
       await client.ping();
-      const socket = client.stream as typeof client.stream & {
-        _write: (...args: unknown[]) => void;
-        _writev: (...args: unknown[]) => void;
-      };
       let writes = 0;
-      const { _write: write, _writev: writev } = socket;
-      socket._write = (...args) => {
-        writes++;
-        write.apply(socket, args);
-      };
-      socket._writev = (...args) => {
-        writes++;
-        writev.apply(socket, args);
-      };
+      onEachWrite(client.stream, () => writes++);
       const claims = await Promise.all(
         Array.from({ length: 10 }, (_, i) => store.claim(claimInput(`k${i}`))),
       );
