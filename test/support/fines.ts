@@ -1,8 +1,15 @@
-import { Redis } from 'ioredis';
 import { expect, vi } from 'vitest';
 import { startProvider } from '../../examples/payment-provider/provider.js';
 import { tempDatabaseUrl } from './loan-desk.js';
-import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './services.js';
+import {
+  deleteRedisKeys,
+  dropSchemas,
+  hasPostgres,
+  hasRedis,
+  PG_URL,
+  REDIS_URL,
+  uniqueName,
+} from './services.js';
 
 export interface Provider {
   url: string;
@@ -110,17 +117,6 @@ export const FINE_DATABASES: FineDatabase[] = [
       prefixes.push(prefix);
       return { DATABASE_URL: tempDatabaseUrl(), IDEMPOTENCY_STORE: `${REDIS_URL}?prefix=${prefix}` };
     },
-    async cleanup() {
-      const redis = new Redis(REDIS_URL);
-      try {
-        for (const prefix of prefixes.splice(0)) {
-          for await (const keys of redis.scanStream({ match: `${prefix}*`, count: 500 })) {
-            if (keys.length) await redis.del(...keys);
-          }
-        }
-      } finally {
-        redis.disconnect();
-      }
-    },
+    cleanup: () => deleteRedisKeys(...prefixes.splice(0)),
   },
 ];
