@@ -184,21 +184,20 @@ describeAdapterSpecifics('koa specifics', idempotency, (store, started) => {
         };
       }
 
-      it('an error downstream caught by an upstream middleware: the key is released, not stored', async () => {
-        const first = await postJson(app, '/caught', `caught-${version}`);
-        expect([first.status, first.text]).toEqual([422, '{"error":"app_error"}']);
-        const retry = await postJson(app, '/caught', `caught-${version}`);
-        expect(retry.status).toBe(422);
-        expect(retry.headers.get('idempotency-replayed')).toBeNull();
-      });
-
-      it('ctx.throw with a 4xx goes to Koa as usual and releases the key', async () => {
-        const first = await postJson(app, '/ctx-throw-4xx', `throw-${version}`);
-        expect([first.status, first.text]).toEqual([409, 'on loan']);
-        const retry = await postJson(app, '/ctx-throw-4xx', `throw-${version}`);
-        expect(retry.status).toBe(409);
-        expect(retry.headers.get('idempotency-replayed')).toBeNull();
-      });
+      it.each([
+        ['an error downstream caught by an upstream middleware', '/caught', 422, '{"error":"app_error"}'],
+        ['ctx.throw with a 4xx, which goes to Koa as usual,', '/ctx-throw-4xx', 409, 'on loan'],
+      ])(
+        '%s: the answer is not stored, the key released and the retry run again',
+        async (_, path, status, text) => {
+          const key = `${path}-${version}`;
+          const first = await postJson(app, path, key);
+          expect([first.status, first.text]).toEqual([status, text]);
+          const retry = await postJson(app, path, key);
+          expect(retry.status).toBe(status);
+          expect(retry.headers.get('idempotency-replayed')).toBeNull();
+        },
+      );
 
       it('renderErrors: false throws the IdempotencyError upstream (and Koa answers it by its status)', async () => {
         const custom = await postJson(app, '/thrown-errors');
