@@ -3,7 +3,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describe, it } from 'vitest';
+import { afterAll, beforeAll, describe, it } from 'vitest';
 
 /** The repository root; the loan desk runs from here and imports `retrysafe/*` from dist/. */
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -78,6 +78,32 @@ export function describeEachDatabase<D extends { name: string; skip: boolean }>(
 export function tempDatabaseUrl(name = 'library'): string {
   tempDir ??= mkdtempSync(path.join(tmpdir(), 'loan-desk-'));
   return path.join(tempDir, `${name}-${process.pid}-${Math.random().toString(36).slice(2, 10)}.db`);
+}
+
+/**
+ * One desk for the tests of a describe block: started with `options` before them, stopped after.
+ * The function returned gives it to the tests.
+ */
+export function deskForBlock(options: StartLoanDeskOptions): () => LoanDesk {
+  let desk: LoanDesk | undefined;
+  beforeAll(async () => {
+    desk = await startLoanDesk(options);
+  }, 30_000);
+  afterAll(() => desk?.stop());
+  return () => desk!;
+}
+
+/** Runs `test` on a desk started with `options`, then stops the desk, whatever the test did. */
+export async function withLoanDesk<T>(
+  options: StartLoanDeskOptions,
+  test: (desk: LoanDesk) => Promise<T>,
+): Promise<T> {
+  const desk = await startLoanDesk(options);
+  try {
+    return await test(desk);
+  } finally {
+    await desk.stop();
+  }
 }
 
 function exited(child: ChildProcess): Promise<number | null> {
