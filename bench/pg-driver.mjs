@@ -5,6 +5,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import pg from 'pg';
 import postgres from 'postgres';
+import { postgresStore } from 'retrysafe/postgres';
 
 const URL = process.env.DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
 const OPS = Number(process.argv[2] ?? 5000);
@@ -12,37 +13,37 @@ const CONCURRENCY = Number(process.argv[3] ?? 10);
 const ROUNDS = 3;
 const schema = `rs_bench_${randomBytes(4).toString('hex')}`;
 
-const NOW = `(extract(epoch FROM clock_timestamp()) * 1000)::bigint`;
-const T = `${schema}.idempotency_keys`;
-// The statements of src/stores/postgres/index.ts (claim of a new key, complete with its NOTIFY).
-const CLAIM = `WITH n AS (SELECT ${NOW} AS ms),
-  ins AS (
-    INSERT INTO ${T} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-    SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + GREATEST($5, $6) FROM n
-    ON CONFLICT (scope, key) DO NOTHING
-    RETURNING token)
-  SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
-    false AS claimable, NULL::integer AS status, NULL::json AS headers, NULL::bytea AS body
-  FROM ins
-  UNION ALL
-  SELECT false, fingerprint, completed_at_ms IS NOT NULL, lease_until_ms - n.ms,
-    expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3),
-    status, headers, body
-  FROM ${T}, n
-  WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`;
-const COMPLETE = `WITH n AS (SELECT ${NOW} AS ms), done AS (
-    UPDATE ${T} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
-    WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
-    RETURNING 1)
-  SELECT pg_notify('retrysafe_bench', $2) FROM done`;
+// The store's own claim and complete statements, as it sends them to its pool: recorded from a
+// claim and a completion of a real store, so this compares drivers on the SQL retrysafe/postgres
+// runs today (its table made by its own migrate()).
+const sent = [];
+const recorder = new pg.Pool({ connectionString: URL, max: 1 });
+const poolQuery = recorder.query.bind(recorder);
+recorder.query = (config, ...rest) => {
+  if (typeof config === 'object') sent.push(config);
+  return poolQuery(config, ...rest);
+};
+const probe = postgresStore({ pool: recorder, schema });
+await probe.migrate();
+const probed = await probe.claim({
+  scope: 'bench',
+  key: 'probe',
+  fingerprint: 'f',
+  leaseMs: 30_000,
+  retainMs: 60_000,
+});
+await probe.complete('bench', 'probe', probed.token, { status: 201, headers: {}, body: Buffer.alloc(0) });
+await probe.close();
+await recorder.end();
+const statementNamed = (prefix) => sent.find((config) => config.name?.startsWith(prefix));
+const CLAIM = statementNamed('retrysafe_claim_').text;
+const completed = statementNamed('retrysafe_complete_');
+const COMPLETE = completed.text;
+// The completion's NOTIFY channel and payload, as the store sent them.
+const [channel, notified] = completed.values.slice(6);
 
 const admin = new pg.Client({ connectionString: URL });
 await admin.connect();
-await admin.query(`CREATE SCHEMA ${schema}; CREATE TABLE ${T} (scope text NOT NULL, key text NOT NULL,
-  fingerprint text NOT NULL, token text NOT NULL, lease_until_ms bigint NOT NULL,
-  created_at_ms bigint NOT NULL, expires_at_ms bigint NOT NULL, completed_at_ms bigint,
-  status integer, headers json, body bytea, PRIMARY KEY (scope, key));
-  CREATE INDEX ON ${T} (expires_at_ms)`);
 
 const body = Buffer.from(JSON.stringify({ id: 'L-1', member: 'U-1001', isbn: 'K-01' }));
 const headers = JSON.stringify({ 'content-type': 'application/json' });
@@ -57,7 +58,7 @@ async function run(claim, complete) {
         const key = `${prefix}-${next++}`;
         const token = randomUUID();
         await claim(['bench', key, 'f'.repeat(64), token, 30_000, 86_400_000]);
-        await complete(['bench', key, token, 201, headers, body]);
+        await complete(['bench', key, token, 201, headers, body, channel, notified]);
       }
     }),
   );

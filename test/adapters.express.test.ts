@@ -5,11 +5,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { gunzipSync } from 'node:zlib';
 import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type ExpressIdempotencyOptions, idempotency } from '../src/adapters/express.js';
-import { ConfigError, type IdempotencyError } from '../src/core/contract/index.js';
-import type { Duration } from '../src/core/options/index.js';
-import { memoryStore } from '../src/stores/memory.js';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { idempotency } from '../src/adapters/express.js';
+import type { IdempotencyError } from '../src/core/contract/index.js';
 import {
   type AdapterUnderTest,
   CATALOG_POST_PATHS,
@@ -24,6 +22,7 @@ import {
   sqlite,
   uploadFromAnotherThread,
 } from './conformance/adapter-suite.js';
+import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 
 // Express 4 is installed under an alias (npm:express@4); its API is the subset typed here.
@@ -146,29 +145,11 @@ function compressedPost(
   });
 }
 
-describe('express specifics', () => {
-  const store = memoryStore();
-  const apps: RunningApp[] = [];
-  afterAll(async () => {
-    await Promise.all(apps.map((app) => app.close()));
-    await store.close();
-  });
-
+describeAdapterSpecifics('express specifics', idempotency, (store, started) => {
   async function start(express: Express, build: (app: ReturnType<Express>) => void): Promise<RunningApp> {
     const app = express();
     build(app);
-    const running = await listen(http.createServer(app), {});
-    apps.push(running);
-    return running;
-  }
-
-  async function post(app: RunningApp, path: string, key?: string) {
-    const res = await fetch(app.url + path, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
-      body: '{"a":1}',
-    });
-    return { status: res.status, headers: res.headers, text: await res.text() };
+    return started(await listen(http.createServer(app), {}));
   }
 
   const echo = (req: Request, res: Response) =>
@@ -176,13 +157,6 @@ describe('express specifics', () => {
       body: Buffer.isBuffer(req.body) ? `buffer:${req.body.toString()}` : req.body,
       key: req.idempotency?.key ?? null,
     });
-
-  it('options are checked when the middleware is built', () => {
-    expect(() => idempotency({ store, renderErrors: 'yes' } as unknown as ExpressIdempotencyOptions)).toThrow(
-      ConfigError,
-    );
-    expect(() => idempotency({ store, ttl: 'soon' as Duration })).toThrow(/`ttl`/);
-  });
 
   for (const [version, express] of [
     ['5', express5],
@@ -256,33 +230,35 @@ describe('express specifics', () => {
       });
 
       it('per-route options: `required` on one route, optional on another', async () => {
-        const missing = await post(app, '/required');
+        const missing = await postJson(app, '/required');
         expect(missing.status).toBe(400);
         expect(JSON.parse(missing.text)).toMatchObject({ error: 'idempotency_key_missing' });
-        expect((await post(app, '/optional')).status).toBe(201);
+        expect((await postJson(app, '/optional')).status).toBe(201);
       });
 
       it('req and res keep the max listeners set before the middleware (it re-adds that property)', async () => {
-        expect(JSON.parse((await post(app, '/max-listeners', `listeners-${version}`)).text)).toEqual([7, 42]);
+        expect(JSON.parse((await postJson(app, '/max-listeners', `listeners-${version}`)).text)).toEqual([
+          7, 42,
+        ]);
       });
 
       it('under a router, the fingerprint uses the full path: /api/a and /api/b conflict', async () => {
-        expect((await post(app, '/api/a', `router-${version}`)).status).toBe(201);
-        expect((await post(app, '/api/b', `router-${version}`)).status).toBe(409);
+        expect((await postJson(app, '/api/a', `router-${version}`)).status).toBe(201);
+        expect((await postJson(app, '/api/b', `router-${version}`)).status).toBe(409);
       });
 
       it('renderErrors: false hands the IdempotencyError to the error middleware', async () => {
-        const custom = await post(app, '/next-errors-custom');
+        const custom = await postJson(app, '/next-errors-custom');
         expect(custom.status).toBe(400);
         expect(JSON.parse(custom.text)).toEqual({ custom: 'idempotency_key_missing' });
-        const generic = await post(app, '/next-errors');
+        const generic = await postJson(app, '/next-errors');
         expect(generic.status).toBe(400);
         expect(JSON.parse(generic.text)).toEqual({ error: 'app_error' });
       });
 
       it("a `scope` that throws reaches the app's error middleware, with or without express.json() first", async () => {
         for (const path of ['/scope-throws', '/scope-throws-parsed']) {
-          const reply = await post(app, path, `scope-${version}`);
+          const reply = await postJson(app, path, `scope-${version}`);
           expect(reply.status, path).toBe(401);
           expect(JSON.parse(reply.text), path).toEqual({ error: 'app_error' });
         }
@@ -294,18 +270,18 @@ describe('express specifics', () => {
       });
 
       it('a stream piped into res is captured and replayed', async () => {
-        const first = await post(app, '/piped', `piped-${version}`);
+        const first = await postJson(app, '/piped', `piped-${version}`);
         expect([first.status, first.text]).toEqual([201, 'one two three']);
-        const replay = await post(app, '/piped', `piped-${version}`);
+        const replay = await postJson(app, '/piped', `piped-${version}`);
         expect(replay.headers.get('idempotency-replayed')).toBe('true');
         expect(replay.text).toBe('one two three');
         expect(replay.headers.get('content-type')).toBe(first.headers.get('content-type'));
       });
 
       it('a 4xx the error middleware renders for a thrown error is what is stored and replayed', async () => {
-        const first = await post(app, '/forbidden', `forbidden-${version}`);
+        const first = await postJson(app, '/forbidden', `forbidden-${version}`);
         expect(first.status).toBe(403);
-        const replay = await post(app, '/forbidden', `forbidden-${version}`);
+        const replay = await postJson(app, '/forbidden', `forbidden-${version}`);
         expect(replay.status).toBe(403);
         expect(replay.headers.get('idempotency-replayed')).toBe('true');
       });
@@ -340,8 +316,8 @@ describe('express specifics', () => {
       );
 
       it('a 422 the error middleware renders is answered but not stored: the retry runs again', async () => {
-        expect((await post(app, '/validation', `validation-${version}`)).status).toBe(422);
-        const again = await post(app, '/validation', `validation-${version}`);
+        expect((await postJson(app, '/validation', `validation-${version}`)).status).toBe(422);
+        const again = await postJson(app, '/validation', `validation-${version}`);
         expect(again.status).toBe(422);
         expect(again.headers.get('idempotency-replayed')).toBeNull();
       });
@@ -351,7 +327,7 @@ describe('express specifics', () => {
   it('without an error middleware, a default Express app still answers engine errors as JSON', async () => {
     for (const express of [express5, express4]) {
       const app = await start(express, (a) => a.post('/x', idempotency({ store, required: true }), echo));
-      const reply = await post(app, '/x');
+      const reply = await postJson(app, '/x');
       expect(reply.status).toBe(400);
       expect(reply.headers.get('content-type')).toMatch(/^application\/json/);
       expect(JSON.parse(reply.text)).toMatchObject({ error: 'idempotency_key_missing' });

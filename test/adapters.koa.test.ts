@@ -4,11 +4,9 @@ import { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { bodyParser } from '@koa/bodyparser';
 import Koa3, { type Context, type Middleware } from 'koa';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { idempotency, type KoaIdempotencyOptions } from '../src/adapters/koa.js';
-import { ConfigError, type IdempotencyError } from '../src/core/contract/index.js';
-import type { Duration } from '../src/core/options/index.js';
-import { memoryStore } from '../src/stores/memory.js';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { idempotency } from '../src/adapters/koa.js';
+import type { IdempotencyError } from '../src/core/contract/index.js';
 import {
   type AdapterUnderTest,
   CATALOG_POST_PATHS,
@@ -22,6 +20,7 @@ import {
   redis,
   sqlite,
 } from './conformance/adapter-suite.js';
+import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 
 // Koa 2 is installed under an alias (npm:koa@2); its API is the one typed for Koa 3 here.
 const Koa2 = createRequire(import.meta.url)('koa2') as typeof Koa3;
@@ -108,30 +107,7 @@ describeAdapterConformance(koaAdapter('koa 2 (no body parser)', Koa2, false), [
 describeAdapterConformance(koaAdapter('koa 2 (@koa/bodyparser first)', Koa2, true), [memory]);
 describeAdapterConformance(koaAdapter('koa 3 (no body parser)', Koa3, false), [memory]);
 
-describe('koa specifics', () => {
-  const store = memoryStore();
-  const apps: RunningApp[] = [];
-  afterAll(async () => {
-    await Promise.all(apps.map((app) => app.close()));
-    await store.close();
-  });
-
-  async function post(app: RunningApp, path: string, key?: string) {
-    const res = await fetch(app.url + path, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', ...(key ? { 'idempotency-key': key } : {}) },
-      body: '{"a":1}',
-    });
-    return { status: res.status, headers: res.headers, text: await res.text() };
-  }
-
-  it('options are checked when the middleware is built', () => {
-    expect(() => idempotency({ store, renderErrors: 'yes' } as unknown as KoaIdempotencyOptions)).toThrow(
-      ConfigError,
-    );
-    expect(() => idempotency({ store, ttl: 'soon' as Duration })).toThrow(/`ttl`/);
-  });
-
+describeAdapterSpecifics('koa specifics', idempotency, (store, started) => {
   for (const [version, Koa] of [
     ['3', Koa3],
     ['2', Koa2],
@@ -194,8 +170,7 @@ describe('koa specifics', () => {
           const step = (): Promise<void> => Promise.resolve(chain[i++]?.(ctx, step));
           await step();
         });
-        app = await listen(http.createServer(koa.callback()), {});
-        apps.push(app);
+        app = started(await listen(http.createServer(koa.callback()), {}));
       });
 
       function echo(ctx: Context) {
@@ -209,27 +184,26 @@ describe('koa specifics', () => {
         };
       }
 
-      it('an error downstream caught by an upstream middleware: the key is released, not stored', async () => {
-        const first = await post(app, '/caught', `caught-${version}`);
-        expect([first.status, first.text]).toEqual([422, '{"error":"app_error"}']);
-        const retry = await post(app, '/caught', `caught-${version}`);
-        expect(retry.status).toBe(422);
-        expect(retry.headers.get('idempotency-replayed')).toBeNull();
-      });
-
-      it('ctx.throw with a 4xx goes to Koa as usual and releases the key', async () => {
-        const first = await post(app, '/ctx-throw-4xx', `throw-${version}`);
-        expect([first.status, first.text]).toEqual([409, 'on loan']);
-        const retry = await post(app, '/ctx-throw-4xx', `throw-${version}`);
-        expect(retry.status).toBe(409);
-        expect(retry.headers.get('idempotency-replayed')).toBeNull();
-      });
+      it.each([
+        ['an error downstream caught by an upstream middleware', '/caught', 422, '{"error":"app_error"}'],
+        ['ctx.throw with a 4xx, which goes to Koa as usual,', '/ctx-throw-4xx', 409, 'on loan'],
+      ])(
+        '%s: the answer is not stored, the key released and the retry run again',
+        async (_, path, status, text) => {
+          const key = `${path}-${version}`;
+          const first = await postJson(app, path, key);
+          expect([first.status, first.text]).toEqual([status, text]);
+          const retry = await postJson(app, path, key);
+          expect(retry.status).toBe(status);
+          expect(retry.headers.get('idempotency-replayed')).toBeNull();
+        },
+      );
 
       it('renderErrors: false throws the IdempotencyError upstream (and Koa answers it by its status)', async () => {
-        const custom = await post(app, '/thrown-errors');
+        const custom = await postJson(app, '/thrown-errors');
         expect(custom.status).toBe(400);
         expect(JSON.parse(custom.text)).toEqual({ custom: 'idempotency_key_missing' });
-        const plain = await post(app, '/default-errors');
+        const plain = await postJson(app, '/default-errors');
         expect([plain.status, plain.text]).toEqual([400, 'Bad Request']);
       });
 
@@ -238,9 +212,9 @@ describe('koa specifics', () => {
           'a Koa 3 web body (%s) is captured and replayed',
           async (path) => {
             const key = `web-${path}`;
-            const first = await post(app, path, key);
+            const first = await postJson(app, path, key);
             expect([first.status, first.text]).toEqual([201, `web ${runs}`]);
-            const replay = await post(app, path, key);
+            const replay = await postJson(app, path, key);
             expect(replay.headers.get('idempotency-replayed')).toBe('true');
             expect(replay.text).toBe(first.text);
             expect(replay.headers.get('content-type')).toBe(first.headers.get('content-type'));

@@ -1,25 +1,9 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect, it } from 'vitest';
-import { describeAdapterConformance, memory, postgres, redis, sqlite } from './conformance/adapter-suite.js';
-import { nestAdapter } from './support/nest-harness.js';
-import { describeNestSpecifics } from './support/nest-specifics.js';
+import { describeNest } from './support/nest-specifics.js';
 
-describeAdapterConformance(nestAdapter('nest 12 (platform-express)', 'express'), [
-  memory,
-  sqlite,
-  postgres,
-  redis,
-]);
-describeAdapterConformance(nestAdapter('nest 12 (platform-fastify)', 'fastify'), [
-  memory,
-  sqlite,
-  postgres,
-  redis,
-]);
-
-describeNestSpecifics('nest 12 (platform-express)', 'express');
-describeNestSpecifics('nest 12 (platform-fastify)', 'fastify');
+describeNest('nest 12');
 
 // Nest's deep paths (@nestjs/common/constants.js, its enums) are internal and change between
 // majors; the adapter reads what it needs through the public entry points only.

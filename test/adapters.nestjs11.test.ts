@@ -1,7 +1,5 @@
 import { expect, it, vi } from 'vitest';
-import { describeAdapterConformance, memory, postgres, redis, sqlite } from './conformance/adapter-suite.js';
-import { nestAdapter } from './support/nest-harness.js';
-import { describeNestSpecifics } from './support/nest-specifics.js';
+import { describeNest } from './support/nest-specifics.js';
 
 // NestJS 11 lives in test/nest11's own tree (its packages import each other by name, and the root
 // has 12): every @nestjs import of this file's graph, the adapter's included, is served from it.
@@ -27,18 +25,4 @@ it('runs NestJS 11', async () => {
   expect(Controller).toBe(requireNest11('@nestjs/common').Controller);
 });
 
-describeAdapterConformance(nestAdapter('nest 11 (platform-express)', 'express'), [
-  memory,
-  sqlite,
-  postgres,
-  redis,
-]);
-describeAdapterConformance(nestAdapter('nest 11 (platform-fastify)', 'fastify'), [
-  memory,
-  sqlite,
-  postgres,
-  redis,
-]);
-
-describeNestSpecifics('nest 11 (platform-express)', 'express');
-describeNestSpecifics('nest 11 (platform-fastify)', 'fastify');
+describeNest('nest 11');

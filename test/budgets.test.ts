@@ -1,10 +1,9 @@
 import { mkdtempSync, rmSync } from 'node:fs';
-import { IncomingMessage, ServerResponse } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Duplex } from 'node:stream';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
+import { exchange } from '../bench/lib/exchange.js';
 import { idempotency } from '../src/adapters/node.js';
 import type { IdempotencyStore } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
@@ -25,35 +24,6 @@ const PATHS: Path[] = ['fresh', 'replay', 'mismatch', 'in_progress'];
 const BODY = Buffer.from('{"member":"U-1001","isbn":"K-01","issuedAt":"2026-11-29"}');
 const OTHER_BODY = Buffer.from('{"member":"U-1001","isbn":"K-02","issuedAt":"2026-11-29"}');
 const ANSWER = '{"id":1,"member":"U-1001","isbn":"K-01","issuedAt":"2026-11-29"}';
-
-/** A socket that never closes and discards what is written to it. */
-const sink = () =>
-  new Duplex({
-    read() {},
-    write: (_chunk, _encoding, done) => done(),
-    writev: (_chunks, done) => done(),
-  });
-
-/** One fully received POST /loans on real node:http objects; resolves with the status sent. */
-function exchange(serve: (req: IncomingMessage, res: ServerResponse) => unknown, key: string, body = BODY) {
-  const socket = sink();
-  const req = new IncomingMessage(socket as never);
-  req.method = 'POST';
-  req.url = '/loans';
-  req.rawHeaders = ['Content-Type', 'application/json', 'Idempotency-Key', key];
-  req.headers = { 'content-type': 'application/json', 'idempotency-key': key };
-  req.push(body);
-  req.push(null);
-  req.complete = true;
-  const res = new ServerResponse(req);
-  res.assignSocket(socket as never);
-  return new Promise<number>((resolve) => {
-    const done = () => resolve(res.statusCode);
-    res.once('finish', done);
-    res.once('close', done);
-    serve(req, res);
-  });
-}
 
 interface Case {
   name: string;
@@ -143,10 +113,10 @@ async function measure(store: IdempotencyStore, mode: 'lease' | 'atomic') {
   const keyed = async (path: Path): Promise<{ status: number; turns: PromiseTurns }> => {
     const key = `budget-${path}-${n++}`;
     let parked: Promise<number> | undefined;
-    if (path !== 'fresh' && path !== 'in_progress') await exchange(serve, key);
+    if (path !== 'fresh' && path !== 'in_progress') await exchange(serve, key, BODY);
     if (path === 'in_progress') {
       holding = true;
-      parked = exchange(serve, key);
+      parked = exchange(serve, key, BODY);
       // Let the original claim its key and park in the handler.
       for (let i = 0; i < 100 && !release; i++) await new Promise((r) => setTimeout(r, 10));
       expect(release).toBeDefined();

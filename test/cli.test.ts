@@ -12,7 +12,6 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyStore } from '../src/core/contract/index.js';
@@ -29,6 +28,7 @@ import {
   REDIS_CLUSTER_NODES,
 } from './support/redis-cluster.js';
 import {
+  deleteRedisKeys,
   hasMysql,
   hasPostgres,
   hasRedis,
@@ -663,13 +663,7 @@ describe('retrysafe keys', () => {
       return {
         args: ['--redis-url', REDIS_URL, '--prefix', prefix],
         store: redisStore({ url: REDIS_URL, prefix }),
-        async cleanup() {
-          const admin = new Redis(REDIS_URL);
-          for await (const keys of admin.scanStream({ match: `${prefix}*`, count: 500 })) {
-            if ((keys as string[]).length > 0) await admin.del(...(keys as string[]));
-          }
-          await admin.quit();
-        },
+        cleanup: () => deleteRedisKeys(prefix),
       };
     }, 'scan');
   });

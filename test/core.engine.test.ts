@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import fc from 'fast-check';
-import { afterEach, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import {
   type CapturedResponse,
   ConfigError,
@@ -11,16 +11,13 @@ import {
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postRequest as request } from './support/engine-request.js';
+import { closedAfterEach } from './support/open-stores.js';
 import { signal } from './support/signal.js';
 
-const stores: IdempotencyStore[] = [];
-afterEach(async () => {
-  await Promise.all(stores.splice(0).map((s) => s.close()));
-});
+const closing = closedAfterEach();
 
 function engine(options: Partial<IdempotencyOptions<{ token?: string }>> = {}) {
-  const store = options.store ?? memoryStore();
-  stores.push(store);
+  const store = closing(options.store ?? memoryStore());
   return createIdempotency<{ token?: string }>({ scope: (req) => req.token ?? '', ...options, store });
 }
 
@@ -372,8 +369,7 @@ describe('engine outcomes', () => {
   });
 
   it('decrypts with any key of the ring and encrypts with the first, so a rotation keeps replays', async () => {
-    const store = memoryStore();
-    stores.push(store);
+    const store = closing(memoryStore());
     const [oldKey, newKey, unknownKey, otherUnknownKey] = [1, 2, 3, 4].map((n) =>
       Buffer.alloc(32, n).toString('base64'),
     );

@@ -12,12 +12,13 @@ import {
 import { memoryStore } from '../src/stores/memory.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from './support/engine-request.js';
+import { closedAfterEach } from './support/open-stores.js';
+import { signal } from './support/signal.js';
 
 /** Every event kind the engine reports, each from a request that causes it. */
 
-const stores: IdempotencyStore[] = [];
-afterEach(async () => {
-  await Promise.all(stores.splice(0).map((s) => s.close()));
+const closing = closedAfterEach();
+afterEach(() => {
   vi.restoreAllMocks();
 });
 
@@ -25,8 +26,7 @@ type Options = Partial<IdempotencyOptions<unknown>>;
 
 /** An engine whose events are collected in `events`. */
 function engine(options: Options = {}) {
-  const store = options.store ?? memoryStore();
-  stores.push(store);
+  const store = closing(options.store ?? memoryStore());
   const events: IdempotencyEvent[] = [];
   const idem = createIdempotency({
     scope: () => 'tenant',
@@ -38,10 +38,10 @@ function engine(options: Options = {}) {
 }
 
 /** The store with some methods replaced. */
-const withStore = (overrides: Partial<IdempotencyStore>, base = memoryStore()): IdempotencyStore => {
-  stores.push(base);
-  return { ...base, ...overrides };
-};
+const withStore = (overrides: Partial<IdempotencyStore>, base = memoryStore()): IdempotencyStore => ({
+  ...closing(base),
+  ...overrides,
+});
 
 const answer =
   (status = 201, extra: Partial<CapturedResponse> = {}) =>
@@ -52,6 +52,22 @@ const answer =
     complete: true,
     ...extra,
   });
+
+/**
+ * The first request of `key`, its handler running and held there until `finish()`: a duplicate
+ * sent meanwhile meets the key in progress.
+ */
+async function heldOriginal(idem: ReturnType<typeof engine>['idem'], key: string) {
+  const held = signal();
+  let running = false;
+  const original = idem.handle(postRequest(key), async () => {
+    running = true;
+    await held.promise;
+    return answer()();
+  });
+  await vi.waitFor(() => expect(running).toBe(true));
+  return { original, finish: held.resolve };
+}
 
 const numbers = { handlerMs: expect.any(Number), storeMs: expect.any(Number) };
 
@@ -108,14 +124,7 @@ describe('onEvent', () => {
 
   it('waited: a duplicate waits for the original and replays it', async () => {
     const { idem, events } = engine();
-    let finish!: () => void;
-    const original = idem.handle(postRequest('w'), async () => {
-      await new Promise<void>((resolve) => {
-        finish = resolve;
-      });
-      return answer()();
-    });
-    await vi.waitFor(() => expect(finish).toBeDefined());
+    const { original, finish } = await heldOriginal(idem, 'w');
     const duplicate = idem.handle(postRequest('w'), answer());
     await sleep(30);
     finish();
@@ -133,14 +142,7 @@ describe('onEvent', () => {
   it('waited: 409 at once with concurrency reject, and when the wait runs out', async () => {
     for (const options of [{ concurrency: 'reject' as const }, { wait: 50 }]) {
       const { idem, events } = engine(options);
-      let finish!: () => void;
-      const original = idem.handle(postRequest('busy'), async () => {
-        await new Promise<void>((resolve) => {
-          finish = resolve;
-        });
-        return answer()();
-      });
-      await vi.waitFor(() => expect(finish).toBeDefined());
+      const { original, finish } = await heldOriginal(idem, 'busy');
       const outcome = await idem.handle(postRequest('busy'), answer());
       expect(outcome.kind === 'rejected' && outcome.error.code).toBe('request_in_progress');
       finish();

@@ -2,9 +2,16 @@ import { createHash, randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import { networkInterfaces } from 'node:os';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { adminAccess } from '../examples/library-loans/admin.js';
-import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
+import {
+  deskForBlock,
+  getJson,
+  listLoans,
+  postLoan,
+  startLoanDesk,
+  withLoanDesk,
+} from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
@@ -88,27 +95,20 @@ describe('adminAccess', () => {
 
 describe('loan desk admin API with no settings', () => {
   it('answers 401 on loopback and logs how to open it', async () => {
-    const desk = await startLoanDesk();
-    try {
+    await withLoanDesk({}, async (desk) => {
       const response = await fetch(`${desk.baseUrl}/admin/keys`);
       expect(response.status).toBe(401);
       expect(await response.json()).toMatchObject({ error: 'unauthorized', message: /ADMIN_TOKEN/ });
       expect((await fetch(`${desk.baseUrl}/keys`)).status).toBe(200);
       expect(desk.output()).toMatch(/\/keys.*ADMIN_TOKEN.*ADMIN_LOOPBACK=1/);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 });
 
 describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () => {
-  let desk: LoanDesk;
-  beforeAll(async () => {
-    desk = await startLoanDesk({ env: { HOST: '0.0.0.0', ADMIN_LOOPBACK: '1' } });
-  }, 30_000);
-  afterAll(() => desk?.stop());
+  const desk = deskForBlock({ env: { HOST: '0.0.0.0', ADMIN_LOOPBACK: '1' } });
 
-  const local = () => desk.baseUrl.replace('0.0.0.0', '127.0.0.1');
+  const local = () => desk().baseUrl.replace('0.0.0.0', '127.0.0.1');
 
   it('serves the page, the inspector, their assets, the client module and /members', async () => {
     const page = await fetch(`${local()}/`);
@@ -127,7 +127,7 @@ describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () 
       '/retrysafe/../examples/library-loans/app.js',
       '/pages/../app.js',
     ]) {
-      expect(await rawGetStatus(desk.port, path)).toBe(404);
+      expect(await rawGetStatus(desk().port, path)).toBe(404);
     }
     const members = await getJson(local(), '/members');
     expect(members.status).toBe(200);
@@ -201,7 +201,7 @@ describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () 
   });
 
   it.skipIf(!outsideAddress)('refuses a caller that is not on loopback with 401', async () => {
-    const port = new URL(desk.baseUrl).port;
+    const port = new URL(desk().baseUrl).port;
     const response = await fetch(`http://${outsideAddress}:${port}/admin/keys`);
     expect(response.status).toBe(401);
     expect(response.headers.get('www-authenticate')).toMatch(/^Bearer/);
@@ -220,18 +220,14 @@ describe('loan desk pages and admin API (ADMIN_LOOPBACK=1, no ADMIN_TOKEN)', () 
 });
 
 describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
-  let desk: LoanDesk;
-  beforeAll(async () => {
-    desk = await startLoanDesk({ env: { ADMIN_TOKEN: 'token-for-test', DEMO_FAULTS: '1' } });
-  }, 30_000);
-  afterAll(() => desk?.stop());
+  const desk = deskForBlock({ env: { ADMIN_TOKEN: 'token-for-test', DEMO_FAULTS: '1' } });
 
   it('answers 401 without the token, even on loopback, and 200 with it', async () => {
-    const without = await fetch(`${desk.baseUrl}/admin/keys`);
+    const without = await fetch(`${desk().baseUrl}/admin/keys`);
     expect(without.status).toBe(401);
-    const wrong = await fetch(`${desk.baseUrl}/admin/keys`, { headers: { authorization: 'Bearer nope' } });
+    const wrong = await fetch(`${desk().baseUrl}/admin/keys`, { headers: { authorization: 'Bearer nope' } });
     expect(wrong.status).toBe(401);
-    const right = await fetch(`${desk.baseUrl}/admin/keys`, {
+    const right = await fetch(`${desk().baseUrl}/admin/keys`, {
       headers: { authorization: 'Bearer token-for-test' },
     });
     expect(right.status).toBe(200);
@@ -239,8 +235,8 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
   });
 
   it('/metrics wants the token too', async () => {
-    expect((await fetch(`${desk.baseUrl}/metrics`)).status).toBe(401);
-    const right = await fetch(`${desk.baseUrl}/metrics`, {
+    expect((await fetch(`${desk().baseUrl}/metrics`)).status).toBe(401);
+    const right = await fetch(`${desk().baseUrl}/metrics`, {
       headers: { authorization: 'Bearer token-for-test' },
     });
     expect(right.status).toBe(200);
@@ -250,8 +246,8 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
   it('shows a keyed digest as the scope, not the sha256 of the Authorization', async () => {
     const key = `scope-${randomUUID()}`;
     const token = `weak-${randomUUID()}`;
-    expect((await postLoan(desk.baseUrl, loan('2026-05-04'), { key, token })).status).toBe(201);
-    const listed = await fetch(`${desk.baseUrl}/admin/keys?limit=1000`, {
+    expect((await postLoan(desk().baseUrl, loan('2026-05-04'), { key, token })).status).toBe(201);
+    const listed = await fetch(`${desk().baseUrl}/admin/keys?limit=1000`, {
       headers: { authorization: 'Bearer token-for-test' },
     });
     const { records } = await listed.json();
@@ -263,16 +259,16 @@ describe('loan desk admin API with ADMIN_TOKEN and DEMO_FAULTS=1', () => {
 
   it('a marked loan is lent and its answer lost; the retry with the same key replays that loan', async () => {
     const key = `lossy-${randomUUID()}`;
-    const before = (await listLoans(desk.baseUrl)).length;
+    const before = (await listLoans(desk().baseUrl)).length;
     await expect(
-      postLoan(desk.baseUrl, loan('2026-05-03'), { key, headers: { 'x-demo-lose-response': '1' } }),
+      postLoan(desk().baseUrl, loan('2026-05-03'), { key, headers: { 'x-demo-lose-response': '1' } }),
     ).rejects.toThrow(TypeError);
-    expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
-    const retry = await postLoan(desk.baseUrl, loan('2026-05-03'), { key });
+    expect((await listLoans(desk().baseUrl)).length).toBe(before + 1);
+    const retry = await postLoan(desk().baseUrl, loan('2026-05-03'), { key });
     expect(retry.status).toBe(201);
     expect(retry.headers.get('idempotency-replayed')).toBe('true');
-    expect((await listLoans(desk.baseUrl)).length).toBe(before + 1);
-    expect(await getJson(desk.baseUrl, '/demo')).toMatchObject({ body: { demoFaults: true } });
+    expect((await listLoans(desk().baseUrl)).length).toBe(before + 1);
+    expect(await getJson(desk().baseUrl, '/demo')).toMatchObject({ body: { demoFaults: true } });
   });
 });
 

@@ -15,6 +15,7 @@ import {
   ROOT,
   startLoanDesk,
   tempDatabaseUrl,
+  withLoanDesk,
 } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
 
@@ -190,12 +191,14 @@ describe('loan desk on SQLite, lease mode', () => {
 });
 
 describe.skipIf(!hasPostgres)('loan desk on PostgreSQL: two instances of WORKERS=2 on one database', () => {
-  it('200 requests over 20 keys sprayed over both make 20 loans, one answer per key', async () => {
+  /** The two instances, on a new database of their own. */
+  const twoInstances = () => {
     const env = { DATABASE_URL: pgDatabaseUrl() };
-    const [a, b] = await Promise.all([
-      startLoanDesk({ workers: 2, env }),
-      startLoanDesk({ workers: 2, env }),
-    ]);
+    return Promise.all([startLoanDesk({ workers: 2, env }), startLoanDesk({ workers: 2, env })]);
+  };
+
+  it('200 requests over 20 keys sprayed over both make 20 loans, one answer per key', async () => {
+    const [a, b] = await twoInstances();
     try {
       const plan = Array.from({ length: 20 }, () => ({ key: key('OD'), body: intent() }));
       const sent = Array.from({ length: 200 }, (_, i) => {
@@ -215,11 +218,7 @@ describe.skipIf(!hasPostgres)('loan desk on PostgreSQL: two instances of WORKERS
   });
 
   it('kill -9 of one instance mid-flight; the retries through the other make one loan per intent', async () => {
-    const env = { DATABASE_URL: pgDatabaseUrl() };
-    const [a, b] = await Promise.all([
-      startLoanDesk({ workers: 2, env }),
-      startLoanDesk({ workers: 2, env }),
-    ]);
+    const [a, b] = await twoInstances();
     try {
       const plan = Array.from({ length: 40 }, () => ({ key: key('crash'), body: intent() }));
       const inFlight = plan.map((p) => postLoan(a.baseUrl, p.body, { key: p.key }).catch(() => undefined));
@@ -241,8 +240,7 @@ describe.skipIf(!hasPostgres)('loan desk on PostgreSQL: two instances of WORKERS
 
 describe('loan desk on SQLite', () => {
   it('IDEMPOTENCY_TTL=2s: after 3 s the same key is a new operation', async () => {
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '2s' } });
-    try {
+    await withLoanDesk({ env: { IDEMPOTENCY_TTL: '2s' } }, async (desk) => {
       const k = key('OD');
       const body = intent();
       const first = await postLoan(desk.baseUrl, body, { key: k });
@@ -255,9 +253,7 @@ describe('loan desk on SQLite', () => {
       expect(later.headers.get('idempotency-replayed')).toBeNull();
       expect(later.body.id).not.toBe(first.body.id);
       expect(await listLoans(desk.baseUrl)).toHaveLength(2);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 
   it('restart on the same file keeps loans and keys and does not duplicate the catalog', async () => {
@@ -279,8 +275,7 @@ describe('loan desk on SQLite', () => {
   });
 
   it('expired keys are purged by the timer', async () => {
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_TTL: '2s', PURGE_INTERVAL: '250ms' } });
-    try {
+    await withLoanDesk({ env: { IDEMPOTENCY_TTL: '2s', PURGE_INTERVAL: '250ms' } }, async (desk) => {
       for (let i = 0; i < 3; i++)
         expect((await postLoan(desk.baseUrl, intent(), { key: key() })).status).toBe(201);
       expect(keyRows(desk, 'loans')).toBe(3);
@@ -288,9 +283,7 @@ describe('loan desk on SQLite', () => {
       // The loans' keys and their receipts' (each loan's receipt job keeps a key of its own).
       expect(keyRows(desk)).toBe(0);
       expect(await listLoans(desk.baseUrl)).toHaveLength(3);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 
   it('the purge command deletes expired keys on demand', async () => {
@@ -319,8 +312,7 @@ describe('loan desk on SQLite', () => {
   }
 
   it('atomic mode: a database that stays locked answers 503, lends nothing, and the retry works', async () => {
-    const desk = await startLoanDesk();
-    try {
+    await withLoanDesk({}, async (desk) => {
       const k = key('OD');
       const body = intent();
       const failed = await postWhileLocked(desk, body, k);
@@ -330,14 +322,11 @@ describe('loan desk on SQLite', () => {
       expect(retry.status).toBe(201);
       expect(retry.headers.get('idempotency-replayed')).toBeNull();
       expect(await listLoans(desk.baseUrl)).toHaveLength(1);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 
   it('lease mode: a loan the locked database refuses is 503, the key is released and the retry runs again', async () => {
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: 'memory' } });
-    try {
+    await withLoanDesk({ env: { IDEMPOTENCY_STORE: 'memory' } }, async (desk) => {
       const k = key('OD');
       const body = intent();
       const failed = await postWhileLocked(desk, body, k);
@@ -352,22 +341,17 @@ describe('loan desk on SQLite', () => {
         'true',
       );
       expect(await listLoans(desk.baseUrl)).toHaveLength(1);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 
   it('IDEMPOTENCY_REQUIRED=true: a POST without a key is 400 and lends nothing', async () => {
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_REQUIRED: 'true' } });
-    try {
+    await withLoanDesk({ env: { IDEMPOTENCY_REQUIRED: 'true' } }, async (desk) => {
       const missing = await postLoan(desk.baseUrl, intent());
       expect(missing.status).toBe(400);
       expect(missing.body.error).toBe('idempotency_key_missing');
       expect(await listLoans(desk.baseUrl)).toHaveLength(0);
       expect((await postLoan(desk.baseUrl, intent(), { key: key() })).status).toBe(201);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 
   it('a key store that cannot be reached answers 503 JSON, never hangs, and lends nothing', async () => {
@@ -419,8 +403,7 @@ describe.skipIf(!hasRedis)('loan desk with keys in Redis (lease mode), loans in 
   });
 
   it('replays, rejects a reused key, and makes one loan of 20 concurrent requests', async () => {
-    const desk = await startLoanDesk({ env: { IDEMPOTENCY_STORE: `${REDIS_URL}?prefix=${prefix}` } });
-    try {
+    await withLoanDesk({ env: { IDEMPOTENCY_STORE: `${REDIS_URL}?prefix=${prefix}` } }, async (desk) => {
       const k = key('OD');
       const body = intent();
       const responses = await Promise.all(
@@ -430,8 +413,6 @@ describe.skipIf(!hasRedis)('loan desk with keys in Redis (lease mode), loans in 
       expect(responses[0]!.status).toBe(201);
       expect((await postLoan(desk.baseUrl, intent(), { key: k })).status).toBe(409);
       expect(await listLoans(desk.baseUrl)).toHaveLength(1);
-    } finally {
-      await desk.stop();
-    }
+    });
   });
 });

@@ -1,13 +1,14 @@
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import {
-  chargesFor,
+  expectChargedOnce,
   FINE_DATABASES,
+  firstFinePaid,
   listFines,
   type Provider,
   postFine,
   startPaymentProvider,
 } from './support/fines.js';
-import { type LoanDesk, startLoanDesk } from './support/loan-desk.js';
+import { describeEachDatabase, type LoanDesk, startLoanDesk } from './support/loan-desk.js';
 
 /**
  * The loan desk killed with SIGKILL (`DEMO_FAULTS=1`, `Demo-Crash-After`) right after each step of
@@ -39,10 +40,7 @@ async function expectPaidOnce(desk: LoanDesk, provider: Provider): Promise<any> 
   const fines = await listFines(desk.baseUrl);
   expect(fines).toEqual([{ id: expect.any(Number), ...FINE, status: 'paid', chargeId: expect.any(String) }]);
   const [fine] = fines;
-  const charges = await chargesFor(provider, fine.id);
-  expect(charges).toEqual([
-    { id: fine.chargeId, amount: FINE.amount, currency: 'eur', reference: String(fine.id) },
-  ]);
+  await expectChargedOnce(provider, fine);
   return fine;
 }
 
@@ -51,11 +49,7 @@ async function expectPaidOnce(desk: LoanDesk, provider: Provider): Promise<any> 
 // e2e.loan-desk-fines.test.ts: each desk restart here costs seconds of the suite's budget.
 const SQL_DATABASES = FINE_DATABASES.filter((database) => !database.name.includes('Redis'));
 
-describe.each(SQL_DATABASES)('a fine whose desk died, on $name', (database) => {
-  if (database.skip) {
-    it.skip('needs its database', () => {});
-    return;
-  }
+describeEachDatabase('a fine whose desk died, on $name', SQL_DATABASES, (database) => {
   // Each test its own provider (fine ids start at 1 in each new database) and its own desks.
   let provider: Provider;
   const desks: LoanDesk[] = [];
@@ -108,10 +102,7 @@ describe.each(SQL_DATABASES)('a fine whose desk died, on $name', (database) => {
     const env = { ...database.env(), ...COMPLETING };
     await crashAfter(await start(env), 'charged', 'completer-1');
     const desk = await start(env);
-    await vi.waitFor(async () => expect((await listFines(desk.baseUrl))[0]?.status).toBe('paid'), {
-      timeout: 15_000,
-      interval: 100,
-    });
+    await firstFinePaid(desk.baseUrl, 15_000);
     const fine = await expectPaidOnce(desk, provider);
     const late = await postFine(desk.baseUrl, FINE, 'completer-1');
     expect(late.status).toBe(201);
@@ -125,10 +116,7 @@ describe.each(SQL_DATABASES)('a fine whose desk died, on $name', (database) => {
     const env = { ...database.env(), ...COMPLETING };
     await crashAfter(await start(env), 'charged', 'completer-2');
     const [one, two] = await Promise.all([start(env), start(env)]);
-    await vi.waitFor(async () => expect((await listFines(one!.baseUrl))[0]?.status).toBe('paid'), {
-      timeout: 15_000,
-      interval: 100,
-    });
+    await firstFinePaid(one!.baseUrl, 15_000);
     await expectPaidOnce(one!, provider);
     // A few more passes of both: nothing more to do for either.
     await new Promise((resolve) => setTimeout(resolve, 1000));
@@ -157,10 +145,7 @@ describe('the completer with the desk’s default lease and interval', () => {
     const crashedAtMs = Date.now();
     const desk = await startLoanDesk({ env: { ...env, DATABASE_URL: first.databaseUrl } });
     desks.push(desk);
-    await vi.waitFor(async () => expect((await listFines(desk.baseUrl))[0]?.status).toBe('paid'), {
-      timeout: 30_000 - (Date.now() - crashedAtMs),
-      interval: 250,
-    });
+    await firstFinePaid(desk.baseUrl, 30_000 - (Date.now() - crashedAtMs), 250);
     await expectPaidOnce(desk, provider);
   }, 40_000);
 });

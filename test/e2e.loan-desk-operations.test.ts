@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import net from 'node:net';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { getJson, type LoanDesk, postLoan, startLoanDesk } from './support/loan-desk.js';
+import { describe, expect, it } from 'vitest';
+import { deskForBlock, getJson, postLoan, startLoanDesk } from './support/loan-desk.js';
 
 /** The desk as an operator runs it: Prometheus metrics on /metrics, JSON logs on stdout. */
 
@@ -31,20 +31,16 @@ function deadPort(): Promise<number> {
 }
 
 describe('loan desk /metrics', () => {
-  let desk: LoanDesk;
-  beforeAll(async () => {
-    desk = await startLoanDesk({ env: { IDEMPOTENCY_MODE: 'lease' } });
-  }, 30_000);
-  afterAll(() => desk?.stop());
+  const desk = deskForBlock({ env: { IDEMPOTENCY_MODE: 'lease' } });
 
   it('counts a replay, the execution before it and their store time, beside the process metrics', async () => {
     const key = randomUUID();
-    expect((await postLoan(desk.baseUrl, loan(), { key })).status).toBe(201);
-    const replay = await postLoan(desk.baseUrl, loan(), { key });
+    expect((await postLoan(desk().baseUrl, loan(), { key })).status).toBe(201);
+    const replay = await postLoan(desk().baseUrl, loan(), { key });
     expect(replay.headers.get('idempotency-replayed')).toBe('true');
-    expect((await postLoan(desk.baseUrl, { ...loan(), isbn: 'K-02' }, { key })).status).toBe(409);
+    expect((await postLoan(desk().baseUrl, { ...loan(), isbn: 'K-02' }, { key })).status).toBe(409);
 
-    const metrics = await fetch(`${desk.baseUrl}/metrics`);
+    const metrics = await fetch(`${desk().baseUrl}/metrics`);
     expect(metrics.status).toBe(200);
     expect(metrics.headers.get('content-type')).toMatch(/^text\/plain; version=0\.0\.4/);
     const text = await metrics.text();
@@ -56,7 +52,7 @@ describe('loan desk /metrics', () => {
     expect(sample(text, 'retrysafe_keys_purged_total')).toBe(0);
     expect(sample(text, 'process_cpu_user_seconds_total')).toBeGreaterThan(0);
     expect(text).toContain('nodejs_eventloop_lag_seconds');
-    expect((await getJson(desk.baseUrl, '/metrics')).status).toBe(200);
+    expect((await getJson(desk().baseUrl, '/metrics')).status).toBe(200);
   });
 
   it('counts the keys the purge deletes', async () => {

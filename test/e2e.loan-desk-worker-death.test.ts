@@ -47,11 +47,18 @@ async function replaced(desk: LoanDesk, known: number[], dead: number[]): Promis
   return servingWorkers(desk).filter((pid) => !dead.includes(pid));
 }
 
-/** A `WORKERS=2` desk, once both workers said they serve; `workers` are their pids. */
-async function twoWorkerDesk(): Promise<{ desk: LoanDesk; workers: number[] }> {
+/**
+ * Runs `test` on a `WORKERS=2` desk once both workers said they serve (`workers`: their pids),
+ * then stops the desk, which must exit cleanly.
+ */
+async function onTwoWorkerDesk(test: (desk: LoanDesk, workers: number[]) => Promise<void>): Promise<void> {
   const desk = await startLoanDesk({ workers: 2 });
-  await vi.waitFor(() => expect(servingWorkers(desk)).toHaveLength(2), WAIT);
-  return { desk, workers: servingWorkers(desk) };
+  try {
+    await vi.waitFor(() => expect(servingWorkers(desk)).toHaveLength(2), WAIT);
+    await test(desk, servingWorkers(desk));
+  } finally {
+    expect(await desk.stop()).toBe(0);
+  }
 }
 
 /** SIGSTOP, once the process is seen stopped. */
@@ -62,8 +69,7 @@ async function hold(pid: number): Promise<void> {
 
 describe('loan desk with WORKERS=2 when a worker dies', () => {
   it('a worker stopped, then killed, while connections arrive: the other answers them all, and a new worker is forked', async () => {
-    const { desk, workers } = await twoWorkerDesk();
-    try {
+    await onTwoWorkerDesk(async (desk, workers) => {
       const victim = workers[0]!;
       // Stopped first, the worker takes what is handed to it and never answers: the race of a
       // connection handed over while the worker dies, made certain.
@@ -77,14 +83,11 @@ describe('loan desk with WORKERS=2 when a worker dies', () => {
       expect(await replaced(desk, workers, [victim])).toHaveLength(2);
       expect(desk.output()).toContain(`worker ${victim} died (SIGKILL); starting another`);
       expect(await fourRequests(desk)).toEqual([200, 200, 200, 200]);
-    } finally {
-      expect(await desk.stop()).toBe(0);
-    }
+    });
   }, 40_000);
 
   it('kill -9 of a worker, then requests at once, three times: every one answered, every worker replaced', async () => {
-    const { desk } = await twoWorkerDesk();
-    try {
+    await onTwoWorkerDesk(async (desk) => {
       const dead: number[] = [];
       for (let attempt = 0; attempt < 3; attempt++) {
         const known = servingWorkers(desk);
@@ -94,9 +97,7 @@ describe('loan desk with WORKERS=2 when a worker dies', () => {
         expect(await fourRequests(desk)).toEqual([200, 200, 200, 200]);
         expect(await replaced(desk, known, dead)).toHaveLength(2);
       }
-    } finally {
-      expect(await desk.stop()).toBe(0);
-    }
+    });
   }, 60_000);
 });
 
@@ -117,6 +118,23 @@ async function scrape(desk: LoanDesk): Promise<{ status: number | string; text?:
 const scrapedWorkers = (text = '') =>
   [...text.matchAll(/^process_resident_memory_bytes\{worker="(\d+)"\}/gm)].map((match) => match[1]);
 
+/**
+ * After `victim` died with `scraped` waiting on it: that scrape failed (500), a new worker took
+ * its place, and the next scrape answers with both workers' metrics.
+ */
+async function expectScrapesRecover(
+  desk: LoanDesk,
+  scraped: ReturnType<typeof scrape>,
+  workers: number[],
+  victim: number,
+): Promise<void> {
+  expect((await scraped).status).toBe(500);
+  expect(await replaced(desk, workers, [victim])).toHaveLength(2);
+  const { status, text } = await scrape(desk);
+  expect(status).toBe(200);
+  expect(scrapedWorkers(text)).toHaveLength(2);
+}
+
 /** SIGCONT to a process stopped by a test, unless a failure has ended it already. */
 function resume(pid: number): void {
   try {
@@ -135,46 +153,35 @@ const IPC_HOP_MS = 1000;
 
 describe('loan desk /metrics with WORKERS=2 when a worker dies', () => {
   it('a scrape waiting for a worker that is then killed fails within 5 s (500), and the next one answers', async () => {
-    const { desk, workers } = await twoWorkerDesk();
-    try {
+    await onTwoWorkerDesk(async (desk, workers) => {
       const victim = workers[0]!;
       // Stopped, the worker takes no scrape and does not answer the primary's question.
       await hold(victim);
       const scraped = scrape(desk);
       await sleep(IPC_HOP_MS);
       process.kill(victim, 'SIGKILL');
-      expect((await scraped).status).toBe(500);
-      expect(await replaced(desk, workers, [victim])).toHaveLength(2);
-      const { status, text } = await scrape(desk);
-      expect(status).toBe(200);
-      expect(scrapedWorkers(text)).toHaveLength(2);
-    } finally {
-      expect(await desk.stop()).toBe(0);
-    }
+      await expectScrapesRecover(desk, scraped, workers, victim);
+    });
   }, 40_000);
 
   it('the primary held while a worker dies and a scrape asks it: once it runs, it lives on, and scrapes answer', async () => {
-    const { desk, workers } = await twoWorkerDesk();
-    try {
+    await onTwoWorkerDesk(async (desk, workers) => {
       const victim = workers[0]!;
       // The live worker's question waits in the held primary's pipe; then the victim dies, its end
       // of the IPC channel closed before the primary reads the question: the primary asks a dead
       // worker, which it still counts as connected.
-      await hold(desk.pid);
-      await hold(victim);
-      const scraped = scrape(desk);
-      await sleep(IPC_HOP_MS);
-      process.kill(victim, 'SIGKILL');
-      await vi.waitFor(() => expect(processState(victim)).toBe('Z'), WAIT);
-      process.kill(desk.pid, 'SIGCONT');
-      expect((await scraped).status).toBe(500);
-      expect(await replaced(desk, workers, [victim])).toHaveLength(2);
-      const { status, text } = await scrape(desk);
-      expect(status).toBe(200);
-      expect(scrapedWorkers(text)).toHaveLength(2);
-    } finally {
-      resume(desk.pid);
-      expect(await desk.stop()).toBe(0);
-    }
+      try {
+        await hold(desk.pid);
+        await hold(victim);
+        const scraped = scrape(desk);
+        await sleep(IPC_HOP_MS);
+        process.kill(victim, 'SIGKILL');
+        await vi.waitFor(() => expect(processState(victim)).toBe('Z'), WAIT);
+        process.kill(desk.pid, 'SIGCONT');
+        await expectScrapesRecover(desk, scraped, workers, victim);
+      } finally {
+        resume(desk.pid);
+      }
+    });
   }, 40_000);
 });

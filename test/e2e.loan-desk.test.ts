@@ -2,9 +2,16 @@ import { randomUUID } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, expect, it } from 'vitest';
 import { NODE_SQLITE_MIN_VERSION, nodeSqliteAvailable } from '../src/stores/sqlite/driver.js';
-import { getJson, type LoanDesk, listLoans, postLoan, startLoanDesk } from './support/loan-desk.js';
+import {
+  describeEachDatabase,
+  getJson,
+  type LoanDesk,
+  listLoans,
+  postLoan,
+  startLoanDesk,
+} from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 const WITHOUT_BETTER_SQLITE3 = fileURLToPath(
@@ -107,11 +114,7 @@ const setups: Setup[] = [
   },
 ];
 
-describe.each(setups)('loan desk on $name', (setup) => {
-  if (setup.skip) {
-    it.skip('needs its database', () => {});
-    return;
-  }
+describeEachDatabase('loan desk on $name', setups, (setup) => {
   let desk: LoanDesk;
   let base: string;
   const count = async () => (await listLoans(base)).length;

@@ -3,7 +3,6 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   type CapturedResponse,
@@ -17,7 +16,15 @@ import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from './support/engine-request.js';
-import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import {
+  deleteRedisKeys,
+  dropSchemas,
+  hasPostgres,
+  hasRedis,
+  PG_URL,
+  REDIS_URL,
+  uniqueName,
+} from './support/services.js';
 
 /**
  * The edges of the engine's limits on every store: durations past setTimeout's 2^31-1 ms (a 30-day
@@ -60,12 +67,7 @@ const backends: Backend[] = [
     skip: !hasRedis,
     open: () => redisStore({ url: REDIS_URL, prefix: redisPrefix }),
     async cleanup() {
-      if (!hasRedis) return;
-      const redis = new Redis(REDIS_URL);
-      for await (const keys of redis.scanStream({ match: `${redisPrefix}*`, count: 500 })) {
-        if ((keys as string[]).length > 0) await redis.del(...(keys as string[]));
-      }
-      await redis.quit();
+      if (hasRedis) await deleteRedisKeys(redisPrefix);
     },
   },
 ];

@@ -1,9 +1,9 @@
-import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { embedInPage } from '../bench/lib/report.js';
+import { typeCheckAsUser } from './support/quick-start.js';
 
 const root = join(import.meta.dirname, '..');
 const read = (path: string) => readFileSync(join(root, path), 'utf8');
@@ -95,34 +95,15 @@ describe('README and docs', () => {
       }
     }
     expect(count).toBeGreaterThan(8);
-    writeFileSync(
-      join(dir, 'tsconfig.json'),
-      JSON.stringify({
-        compilerOptions: {
-          target: 'ES2022',
-          module: 'nodenext',
-          moduleResolution: 'nodenext',
-          strict: true,
-          allowJs: true,
-          checkJs: true,
-          noEmit: true,
-          skipLibCheck: true,
-          types: ['node'],
-          typeRoots: [join(root, 'node_modules/@types')],
-        },
-        include: ['*.js', '*.ts'],
-      }),
-    );
-    let output = '';
-    try {
-      execFileSync(process.execPath, [join(root, 'node_modules/typescript/bin/tsc'), '-p', dir], {
-        cwd: dir,
-        encoding: 'utf8',
-      });
-    } catch (error) {
-      output = String((error as { stdout?: string }).stdout);
-    }
-    expect(output).toBe('');
+    const tsc = join(root, 'node_modules/typescript/bin/tsc');
+    const options = {
+      allowJs: true,
+      checkJs: true,
+      noEmit: true,
+      skipLibCheck: true,
+      typeRoots: [join(root, 'node_modules/@types')],
+    };
+    expect(typeCheckAsUser(dir, tsc, options, ['*.js', '*.ts'])).toBe('');
   });
 });
 

@@ -1,10 +1,11 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import mysql, { type PoolConnection } from 'mysql2/promise';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { AtomicResult, ClaimInput, StoredResponse } from '../src/core/contract/index.js';
+import type { AtomicResult } from '../src/core/contract/index.js';
 import { type MysqlStore, mysqlMigrationSql, mysqlStore } from '../src/stores/mysql/index.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasMysql, mysqlDatabase } from './support/services.js';
+import { claimInput, textResponse } from './support/store-calls.js';
 
 describe.skipIf(!hasMysql)('mysql', () => {
   describeStoreConformance('mysql (lease and atomic mode)', async () => {
@@ -32,25 +33,11 @@ describe.skipIf(!hasMysql)('mysql', () => {
   });
 });
 
-const response = (text: string, status = 201): StoredResponse => ({
-  status,
-  headers: { 'content-type': 'text/plain' },
-  body: new TextEncoder().encode(text),
-});
-
 describe.skipIf(!hasMysql)('mysql store specifics', () => {
   let database: Awaited<ReturnType<typeof mysqlDatabase>>;
   let store: MysqlStore;
   /** Pools of their own, as separate app servers would have. */
   const servers: MysqlStore[] = [];
-  const input = (key: string, fingerprint = 'f1', leaseMs = 10_000): ClaimInput => ({
-    scope: 's',
-    key,
-    fingerprint,
-    leaseMs,
-    retainMs: 60_000,
-  });
-
   beforeAll(async () => {
     database = await mysqlDatabase();
     store = mysqlStore({ uri: database.url });
@@ -94,7 +81,9 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
   it('of 100 concurrent claims of one new key from four app servers, exactly one acquires', async () => {
     for (let round = 0; round < 5; round++) {
       const results = await Promise.all(
-        Array.from({ length: 100 }, (_, i) => servers[i % servers.length]!.claim(input(`race-${round}`))),
+        Array.from({ length: 100 }, (_, i) =>
+          servers[i % servers.length]!.claim(claimInput(`race-${round}`)),
+        ),
       );
       expect(results.filter((r) => r.outcome === 'acquired')).toHaveLength(1);
       expect(results.filter((r) => r.outcome === 'in_progress')).toHaveLength(99);
@@ -102,16 +91,16 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
   });
 
   it('of 50 concurrent takeovers of a passed lease, exactly one acquires and fences the old owner', async () => {
-    const first = await store.claim(input('takeover', 'f1', 100));
+    const first = await store.claim(claimInput('takeover', 'f1', 100));
     expect(first.outcome).toBe('acquired');
     await sleep(250);
     const results = await Promise.all(
-      Array.from({ length: 50 }, (_, i) => servers[i % servers.length]!.claim(input('takeover'))),
+      Array.from({ length: 50 }, (_, i) => servers[i % servers.length]!.claim(claimInput('takeover'))),
     );
     const winners = results.filter((r) => r.outcome === 'acquired');
     expect(winners).toHaveLength(1);
     if (first.outcome !== 'acquired') return;
-    expect(await store.complete('s', 'takeover', first.token, response('stale'))).toBe(false);
+    expect(await store.complete('s', 'takeover', first.token, textResponse('stale'))).toBe(false);
   });
 
   it('the same race holds on a pool with FOUND_ROWS off and under SIMULTANEOUS_ASSIGNMENT', async () => {
@@ -125,15 +114,15 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     const stores = pools.map((pool) => mysqlStore({ pool }));
     try {
       const results = await Promise.all(
-        Array.from({ length: 60 }, (_, i) => stores[i % 2]!.claim(input('flags'))),
+        Array.from({ length: 60 }, (_, i) => stores[i % 2]!.claim(claimInput('flags'))),
       );
       expect(results.filter((r) => r.outcome === 'acquired')).toHaveLength(1);
       for (const [i, own] of stores.entries()) {
-        expect((await own.claim(input(`flags-${i}`, 'f1', 100))).outcome).toBe('acquired');
+        expect((await own.claim(claimInput(`flags-${i}`, 'f1', 100))).outcome).toBe('acquired');
         await sleep(250);
-        expect((await own.claim(input(`flags-${i}`))).outcome).toBe('acquired');
+        expect((await own.claim(claimInput(`flags-${i}`))).outcome).toBe('acquired');
         // The takeover wrote every column, not only the token: the lease is live again.
-        expect((await own.claim(input(`flags-${i}`))).outcome).toBe('in_progress');
+        expect((await own.claim(claimInput(`flags-${i}`))).outcome).toBe('in_progress');
         expect((await own.get('s', `flags-${i}`))?.leaseUntilMs).toBeGreaterThan(Date.now() + 5000);
       }
     } finally {
@@ -144,7 +133,7 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
 
   it('stores times from the database clock in milliseconds', async () => {
     const before = Date.now();
-    expect((await store.claim(input('clock'))).outcome).toBe('acquired');
+    expect((await store.claim(claimInput('clock'))).outcome).toBe('acquired');
     const record = await store.get('s', 'clock');
     // The database runs on this machine: its clock and ours agree within a second.
     expect(Math.abs(record!.createdAtMs - before)).toBeLessThan(1000);
@@ -154,7 +143,7 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
 
   it('keeps keys that the default collations would merge apart: case and trailing spaces', async () => {
     for (const key of ['Case', 'case', 'case ', 'cäse']) {
-      expect((await store.claim(input(key))).outcome).toBe('acquired');
+      expect((await store.claim(claimInput(key))).outcome).toBe('acquired');
     }
   });
 
@@ -163,7 +152,7 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     const own = mysqlStore({ pool });
     try {
       expect(own.pool).toBe(pool);
-      expect((await own.claim(input('own-pool'))).outcome).toBe('acquired');
+      expect((await own.claim(claimInput('own-pool'))).outcome).toBe('acquired');
       await own.close();
       const [rows] = await pool.query<mysql.RowDataPacket[]>('SELECT 1 AS one');
       expect(rows[0]).toEqual({ one: 1 });
@@ -188,20 +177,20 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       return (await statements()) - before - 1;
     };
     try {
-      await own.claim(input('warm-up'));
+      await own.claim(claimInput('warm-up'));
       const lease = await roundTrips(async () => {
-        const claimed = await own.claim(input('rt-lease'));
+        const claimed = await own.claim(claimInput('rt-lease'));
         if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
-        expect(await own.complete('s', 'rt-lease', claimed.token, response('ok'))).toBe(true);
+        expect(await own.complete('s', 'rt-lease', claimed.token, textResponse('ok'))).toBe(true);
       });
       // The claim (no read-back: it inserted the row) and the completion.
       expect(lease).toBe(2);
       // A duplicate: the claim met a row, which one more statement reads.
-      expect(await roundTrips(() => own.claim(input('rt-lease')))).toBe(2);
+      expect(await roundTrips(() => own.claim(claimInput('rt-lease')))).toBe(2);
       const atomic = await roundTrips(() =>
-        own.atomic(input('rt-atomic'), async (tx) => {
+        own.atomic(claimInput('rt-atomic'), async (tx) => {
           await tx.query('INSERT INTO effect (`key`) VALUES (?)', ['rt-atomic']);
-          return { response: response('ok'), commit: true };
+          return { response: textResponse('ok'), commit: true };
         }),
       );
       // SET lock wait, START TRANSACTION, claim, SET lock wait back, the write, complete, COMMIT.
@@ -225,14 +214,14 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       async (tx: PoolConnection) => {
         await tx.query('INSERT INTO effect (`key`) VALUES (?)', [key]);
         await sleep(holdMs);
-        return { response: response(`done ${key}`), commit: true };
+        return { response: textResponse(`done ${key}`), commit: true };
       };
 
     it('duplicates on four app servers block on the row lock, then replay the one commit', async () => {
       const key = 'atomic-race';
       const results = await Promise.all(
         Array.from({ length: 20 }, (_, i) =>
-          servers[i % servers.length]!.atomic(input(key), writing(key, 50)),
+          servers[i % servers.length]!.atomic(claimInput(key), writing(key, 50)),
         ),
       );
       expect(results.filter((r) => r.outcome === 'executed')).toHaveLength(1);
@@ -244,13 +233,13 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
 
     it('a duplicate proceeds when the first rolls back', async () => {
       const key = 'atomic-rollback';
-      const first = servers[0]!.atomic(input(key), async (tx) => {
+      const first = servers[0]!.atomic(claimInput(key), async (tx) => {
         await tx.query('INSERT INTO effect (`key`) VALUES (?)', [key]);
         await sleep(200);
         throw new Error('handler failed');
       });
       await sleep(50);
-      const second = servers[1]!.atomic(input(key), writing(key));
+      const second = servers[1]!.atomic(claimInput(key), writing(key));
       await expect(first).rejects.toThrow('handler failed');
       expect((await second).outcome).toBe('executed');
       expect(await effects(key)).toBe(1);
@@ -260,16 +249,16 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       const key = 'atomic-blocked';
       let release!: () => void;
       const held = new Promise<void>((resolve) => (release = resolve));
-      const first = servers[0]!.atomic(input(key), async (tx) => {
+      const first = servers[0]!.atomic(claimInput(key), async (tx) => {
         await tx.query('INSERT INTO effect (`key`) VALUES (?)', [key]);
         await held;
-        return { response: response('first'), commit: true };
+        return { response: textResponse('first'), commit: true };
       });
       await sleep(50);
       let ran = false;
-      const second: AtomicResult = await servers[1]!.atomic({ ...input(key), waitMs: 500 }, async () => {
+      const second: AtomicResult = await servers[1]!.atomic({ ...claimInput(key), waitMs: 500 }, async () => {
         ran = true;
-        return { response: response('second'), commit: true };
+        return { response: textResponse('second'), commit: true };
       });
       expect(second).toEqual({ outcome: 'in_progress', retryAfterMs: 1000 });
       expect(ran).toBe(false);
@@ -284,16 +273,16 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       let release!: () => void;
       const held = new Promise<void>((resolve) => (release = resolve));
       try {
-        const first = own.atomic(input('pool-held'), async () => {
+        const first = own.atomic(claimInput('pool-held'), async () => {
           await held;
-          return { response: response('first'), commit: true };
+          return { response: textResponse('first'), commit: true };
         });
         await sleep(100);
         let ran = false;
         await expect(
-          own.atomic({ ...input('pool-starved'), timeoutMs: 300 }, async () => {
+          own.atomic({ ...claimInput('pool-starved'), timeoutMs: 300 }, async () => {
             ran = true;
-            return { response: response('second'), commit: true };
+            return { response: textResponse('second'), commit: true };
           }),
         ).rejects.toThrow(/no pool connection within 300 ms/);
         expect(ran).toBe(false);
@@ -301,8 +290,12 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
         expect((await first).outcome).toBe('executed');
         // The connection that came too late went back to the pool: the next call gets it.
         expect(
-          (await own.atomic(input('pool-starved'), async () => ({ response: response('x'), commit: true })))
-            .outcome,
+          (
+            await own.atomic(claimInput('pool-starved'), async () => ({
+              response: textResponse('x'),
+              commit: true,
+            }))
+          ).outcome,
         ).toBe('executed');
       } finally {
         release();
@@ -317,10 +310,10 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       try {
         const [[before]] = await pool.query<mysql.RowDataPacket[]>('SELECT @@innodb_lock_wait_timeout AS s');
         let inside: unknown;
-        await own.atomic({ ...input('lock-wait'), waitMs: 3000 }, async (tx) => {
+        await own.atomic({ ...claimInput('lock-wait'), waitMs: 3000 }, async (tx) => {
           const [[row]] = await tx.query<mysql.RowDataPacket[]>('SELECT @@innodb_lock_wait_timeout AS s');
           inside = row!.s;
-          return { response: response('ok'), commit: true };
+          return { response: textResponse('ok'), commit: true };
         });
         expect(inside).toBe(before!.s);
       } finally {
@@ -334,16 +327,16 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     const missing = mysqlStore({ uri: database.url, table: 'missing_keys' });
     try {
       for (const call of [
-        () => missing.claim(input('k')),
+        () => missing.claim(claimInput('k')),
         () => missing.get('s', 'k'),
         () => missing.list(),
         () => missing.purgeExpired(),
-        () => missing.atomic(input('k'), async () => ({ response: response('x'), commit: true })),
+        () => missing.atomic(claimInput('k'), async () => ({ response: textResponse('x'), commit: true })),
       ]) {
         await expect(call()).rejects.toThrow(/retrysafe migrate/);
       }
       await missing.migrate();
-      expect((await missing.claim(input('k'))).outcome).toBe('acquired');
+      expect((await missing.claim(claimInput('k'))).outcome).toBe('acquired');
     } finally {
       await missing.close();
     }
@@ -353,12 +346,12 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
     const pool = mysql.createPool({ uri: database.url, connectionLimit: 1 });
     const auto = mysqlStore({ pool, table: 'auto_keys', migrate: true });
     try {
-      const result = await auto.atomic(input('auto'), async () => ({
-        response: response('x'),
+      const result = await auto.atomic(claimInput('auto'), async () => ({
+        response: textResponse('x'),
         commit: true,
       }));
       expect(result.outcome).toBe('executed');
-      expect((await auto.claim(input('auto'))).outcome).toBe('replay');
+      expect((await auto.claim(claimInput('auto'))).outcome).toBe('replay');
     } finally {
       await auto.close();
       await pool.end();
@@ -379,8 +372,8 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       await store.pool.query(
         "INSERT INTO old_keys (scope, `key`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms) VALUES ('s', 'kept', 'f1', 't', 0, 0, 9999999999999)",
       );
-      await expect(old.claim(input('k'))).rejects.toThrow(/retrysafe migrate/);
-      const claimed = await auto.claim(input('k', 'f1', 100));
+      await expect(old.claim(claimInput('k'))).rejects.toThrow(/retrysafe migrate/);
+      const claimed = await auto.claim(claimInput('k', 'f1', 100));
       expect(claimed.outcome).toBe('acquired');
       if (claimed.outcome !== 'acquired') return;
       expect(await auto.saveStep('s', 'k', claimed.token, { name: 'one', value: '1' }, 'req')).toBe(true);

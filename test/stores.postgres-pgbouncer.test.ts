@@ -1,11 +1,12 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { AtomicWorkResult, ClaimInput, StoredResponse } from '../src/core/index.js';
+import type { AtomicWorkResult } from '../src/core/index.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import { postgresUnderTest } from './support/postgres-under-test.js';
 import { dropSchemas, hasPostgres, uniqueName } from './support/services.js';
+import { claimInput, textResponse } from './support/store-calls.js';
 
 /**
  * The PostgreSQL store through Debian's PgBouncer in transaction pooling mode, started by the
@@ -13,20 +14,6 @@ import { dropSchemas, hasPostgres, uniqueName } from './support/services.js';
  * server session is free, so nothing of a session (prepared statements, SET, LISTEN) carries over.
  */
 const available = hasPostgres && hasPgBouncer;
-
-const response = (text: string): StoredResponse => ({
-  status: 201,
-  headers: { 'content-type': 'text/plain' },
-  body: new TextEncoder().encode(text),
-});
-
-const input = (key: string, fingerprint = 'f1'): ClaimInput => ({
-  scope: 's',
-  key,
-  fingerprint,
-  leaseMs: 10_000,
-  retainMs: 60_000,
-});
 
 describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', () => {
   // Fewer server sessions than the store has connections: every one is shared by several.
@@ -66,12 +53,12 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
     it('without `pooling: transaction`, the refused startup parameters are a ConfigError naming the option', async () => {
       const direct = postgresStore({ connectionString: bouncer.url, schema });
       try {
-        await expect(direct.claim(input('refused'))).rejects.toMatchObject({
+        await expect(direct.claim(claimInput('refused'))).rejects.toMatchObject({
           name: 'ConfigError',
           message: expect.stringContaining("pooling: 'transaction'"),
         });
         await expect(
-          direct.atomic(input('refused'), async () => ({ response: response('x'), commit: true })),
+          direct.atomic(claimInput('refused'), async () => ({ response: textResponse('x'), commit: true })),
         ).rejects.toMatchObject({ name: 'ConfigError' });
         await expect(direct.migrate()).rejects.toMatchObject({ name: 'ConfigError' });
       } finally {
@@ -94,15 +81,18 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
 
     it('leaves the shared server session as it found it: no prepared statement, no setting, no LISTEN', async () => {
       const store = open({ maxConnections: 4 });
-      const lease = await store.claim(input('lease'));
+      const lease = await store.claim(claimInput('lease'));
       if (lease.outcome !== 'acquired') throw new Error(lease.outcome);
       const waiting = store.wait('s', 'lease', 10_000);
-      await store.complete('s', 'lease', lease.token, response('lease'));
+      await store.complete('s', 'lease', lease.token, textResponse('lease'));
       await waiting;
-      expect((await store.claim(input('lease'))).outcome).toBe('replay');
-      const work = async (): Promise<AtomicWorkResult> => ({ response: response('atomic'), commit: true });
-      expect((await store.atomic(input('atomic'), work)).outcome).toBe('executed');
-      expect((await store.atomic(input('atomic'), work)).outcome).toBe('replay');
+      expect((await store.claim(claimInput('lease'))).outcome).toBe('replay');
+      const work = async (): Promise<AtomicWorkResult> => ({
+        response: textResponse('atomic'),
+        commit: true,
+      });
+      expect((await store.atomic(claimInput('atomic'), work)).outcome).toBe('executed');
+      expect((await store.atomic(claimInput('atomic'), work)).outcome).toBe('replay');
       await store.purgeExpired();
       await store.list();
 
@@ -128,9 +118,9 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
       const work = async (tx: pg.PoolClient): Promise<AtomicWorkResult> => {
         runs++;
         await tx.query('SELECT pg_sleep(0.2)');
-        return { response: response('the one'), commit: true };
+        return { response: textResponse('the one'), commit: true };
       };
-      const duplicate = { ...input('hot-atomic'), waitMs: 20_000 };
+      const duplicate = { ...claimInput('hot-atomic'), waitMs: 20_000 };
       const results = await Promise.all(
         Array.from({ length: 200 }, (_, i) => servers[i % 4]!.atomic(duplicate, work)),
       );
@@ -143,7 +133,7 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
     it('200 concurrent duplicate claims, lease mode: one acquired', async () => {
       const servers = Array.from({ length: 4 }, () => open({ maxConnections: 3 }));
       const results = await Promise.all(
-        Array.from({ length: 200 }, (_, i) => servers[i % 4]!.claim(input('hot-lease'))),
+        Array.from({ length: 200 }, (_, i) => servers[i % 4]!.claim(claimInput('hot-lease'))),
       );
       const outcomes = results.map((r) => r.outcome);
       expect(outcomes.filter((o) => o === 'acquired')).toHaveLength(1);

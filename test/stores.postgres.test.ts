@@ -2,13 +2,13 @@ import { createHash } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { ClaimInput, StoredResponse } from '../src/core/contract/index.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { postgresUnderTest } from './support/postgres-under-test.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { signal } from './support/signal.js';
+import { claimInput, textResponse } from './support/store-calls.js';
 
 describe.skipIf(!hasPostgres)('postgres', () => {
   const postgresWithProbe = () => postgresUnderTest();
@@ -16,24 +16,10 @@ describe.skipIf(!hasPostgres)('postgres', () => {
   describeIdempotentConformance('postgres', postgresWithProbe);
 });
 
-const response = (text: string, status = 201): StoredResponse => ({
-  status,
-  headers: { 'content-type': 'text/plain' },
-  body: new TextEncoder().encode(text),
-});
-
 describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   const schema = uniqueName('rs_pg');
   let admin: pg.Client;
   let store: PostgresStore;
-  const input = (key: string, fingerprint = 'f1'): ClaimInput => ({
-    scope: 's',
-    key,
-    fingerprint,
-    leaseMs: 10_000,
-    retainMs: 60_000,
-  });
-
   beforeAll(async () => {
     admin = new pg.Client({ connectionString: PG_URL });
     await admin.connect();
@@ -93,7 +79,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     const own = postgresStore({ pool, schema });
     try {
       expect(own.pool).toBe(pool);
-      expect((await own.claim(input('own-pool'))).outcome).toBe('acquired');
+      expect((await own.claim(claimInput('own-pool'))).outcome).toBe('acquired');
       await own.close();
       expect((await pool.query('SELECT 1 AS one')).rows).toEqual([{ one: 1 }]);
     } finally {
@@ -104,9 +90,9 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   it('answers an atomic replay after one round trip, its transaction left clean for the next user', async () => {
     const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
     const own = postgresStore({ pool, schema });
-    const work = async () => ({ response: response('once'), commit: true });
+    const work = async () => ({ response: textResponse('once'), commit: true });
     try {
-      expect((await own.atomic(input('one-trip'), work)).outcome).toBe('executed');
+      expect((await own.atomic(claimInput('one-trip'), work)).outcome).toBe('executed');
       // The pool's one connection, with its answered queries counted.
       const client = await pool.connect();
       const query = client.query.bind(client) as (...args: unknown[]) => Promise<unknown> | undefined;
@@ -128,7 +114,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
         return result;
       }) as typeof client.query;
       client.release();
-      const replay = await own.atomic(input('one-trip'), work);
+      const replay = await own.atomic(claimInput('one-trip'), work);
       expect(replay.outcome).toBe('replay');
       expect(answered).toBe(1);
       // Outside a transaction every statement is one of its own.
@@ -148,16 +134,16 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   it('prepares its atomic statements again when the connection lost them', async () => {
     const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
     const own = postgresStore({ pool, schema });
-    const work = async () => ({ response: response('ok'), commit: true });
+    const work = async () => ({ response: textResponse('ok'), commit: true });
     try {
-      expect((await own.atomic(input('discard-1'), work)).outcome).toBe('executed');
+      expect((await own.atomic(claimInput('discard-1'), work)).outcome).toBe('executed');
       const { rows } = await pool.query<{ name: string }>(
         'SELECT name FROM pg_prepared_statements WHERE from_sql',
       );
       expect(rows.length).toBeGreaterThan(0);
       for (const { name } of rows) await pool.query(`DEALLOCATE ${name}`);
-      expect((await own.atomic(input('discard-2'), work)).outcome).toBe('executed');
-      expect((await own.claim(input('discard-2'))).outcome).toBe('replay');
+      expect((await own.atomic(claimInput('discard-2'), work)).outcome).toBe('executed');
+      expect((await own.claim(claimInput('discard-2'))).outcome).toBe('replay');
     } finally {
       await own.close();
       await pool.end();
@@ -165,7 +151,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   });
 
   it('stores times from the database clock in milliseconds', async () => {
-    const claimed = await store.claim(input('clock'));
+    const claimed = await store.claim(claimInput('clock'));
     expect(claimed.outcome).toBe('acquired');
     const { rows } = await admin.query(
       `SELECT lease_until_ms - created_at_ms AS lease_ms, expires_at_ms - created_at_ms AS ttl_ms,
@@ -177,15 +163,15 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 
   it('replays binary bodies byte for byte', async () => {
     const body = new Uint8Array([0, 255, 1, 128, 10, 13, 0]);
-    const claimed = await store.claim(input('binary'));
+    const claimed = await store.claim(claimInput('binary'));
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
     expect(await store.complete('s', 'binary', claimed.token, { status: 200, headers: {}, body })).toBe(true);
-    const replay = await store.claim(input('binary'));
+    const replay = await store.claim(claimInput('binary'));
     expect(replay.outcome === 'replay' && [...replay.response.body]).toEqual([...body]);
   });
 
   it('wakes a waiter through LISTEN/NOTIFY on one listening connection', async () => {
-    const claimed = await store.claim(input('notify'));
+    const claimed = await store.claim(claimInput('notify'));
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
     let settled = false;
     const waiting = store.wait('s', 'notify', 20_000).then(() => {
@@ -201,7 +187,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     for (let attempt = 0; attempt < 50 && (await listeners()) === 0; attempt++) await sleep(100);
     expect(await listeners()).toBe(1);
     expect(settled).toBe(false);
-    await store.complete('s', 'notify', claimed.token, response('done'));
+    await store.complete('s', 'notify', claimed.token, textResponse('done'));
     await waiting;
     expect(settled).toBe(true);
   });
@@ -213,13 +199,13 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       );
 
     it('commits the claim, the handler writes and the response together', async () => {
-      const result = await store.atomic(input('a1'), async (tx) => {
+      const result = await store.atomic(claimInput('a1'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a1')`);
-        return { response: response('one'), commit: true };
+        return { response: textResponse('one'), commit: true };
       });
       expect(result).toMatchObject({ outcome: 'executed', committed: true });
       expect(await effects('a1')).toBe(1);
-      const again = await store.atomic(input('a1'), async () => {
+      const again = await store.atomic(claimInput('a1'), async () => {
         throw new Error('must not run');
       });
       expect(again.outcome === 'replay' && new TextDecoder().decode(again.response.body)).toBe('one');
@@ -236,14 +222,14 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
           listener.once('notification', (message) => resolve(message.payload)),
         );
         await listener.query(`LISTEN "${channel}"`);
-        const atomic = await store.atomic(input('quiet'), async (tx) => {
+        const atomic = await store.atomic(claimInput('quiet'), async (tx) => {
           await tx.query(`INSERT INTO "${schema}".effect VALUES ('quiet')`);
-          return { response: response('quiet'), commit: true };
+          return { response: textResponse('quiet'), commit: true };
         });
         expect(atomic).toMatchObject({ outcome: 'executed', committed: true });
-        const claimed = await store.claim(input('loud'));
+        const claimed = await store.claim(claimInput('loud'));
         if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
-        await store.complete('s', 'loud', claimed.token, response('loud'));
+        await store.complete('s', 'loud', claimed.token, textResponse('loud'));
         // Notifications arrive in commit order: the atomic one, had it been sent, would come first.
         expect(await first).toBe(createHash('sha1').update('s').update('\0').update('loud').digest('base64'));
       } finally {
@@ -254,17 +240,17 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     it('a concurrent duplicate blocks until the first commits, then replays', async () => {
       const { promise: gate, resolve: release } = signal();
       const { promise: inside, resolve: entered } = signal();
-      const first = store.atomic(input('a2'), async (tx) => {
+      const first = store.atomic(claimInput('a2'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a2')`);
         entered();
         await gate;
-        return { response: response('first'), commit: true };
+        return { response: textResponse('first'), commit: true };
       });
       await inside;
       let secondRan = false;
-      const second = store.atomic(input('a2'), async () => {
+      const second = store.atomic(claimInput('a2'), async () => {
         secondRan = true;
-        return { response: response('second'), commit: true };
+        return { response: textResponse('second'), commit: true };
       });
       await new Promise((resolve) => setTimeout(resolve, 200));
       release();
@@ -290,11 +276,11 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('hot')`);
         // Longer than the connect timeout: a duplicate queued for a client meanwhile times out.
         await sleep(750);
-        return { response: response('first'), commit: true };
+        return { response: textResponse('first'), commit: true };
       };
       try {
         const results = await Promise.allSettled(
-          Array.from({ length: 300 }, () => own.atomic(input('hot'), work)),
+          Array.from({ length: 300 }, () => own.atomic(claimInput('hot'), work)),
         );
         const shapes = results.map((r) =>
           r.status === 'rejected'
@@ -317,16 +303,16 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     it('a duplicate blocked longer than its lease answers in_progress without running', async () => {
       const { promise: gate, resolve: release } = signal();
       const { promise: inside, resolve: entered } = signal();
-      const first = store.atomic(input('a5'), async () => {
+      const first = store.atomic(claimInput('a5'), async () => {
         entered();
         await gate;
-        return { response: response('first'), commit: true };
+        return { response: textResponse('first'), commit: true };
       });
       await inside;
       let secondRan = false;
-      const second = await store.atomic({ ...input('a5'), leaseMs: 200 }, async () => {
+      const second = await store.atomic({ ...claimInput('a5'), leaseMs: 200 }, async () => {
         secondRan = true;
-        return { response: response('second'), commit: true };
+        return { response: textResponse('second'), commit: true };
       });
       release();
       expect(second.outcome).toBe('in_progress');
@@ -338,12 +324,12 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     it('saves any bytes and headers with the commit, and replays them byte for byte', async () => {
       const body = Uint8Array.from({ length: 512 }, (_, i) => i % 256);
       const headers = { 'content-type': 'text/x-it\'s \\ "quoted" 😀', etag: 'W/"e\\0"' };
-      const result = await store.atomic(input('a6'), async () => ({
+      const result = await store.atomic(claimInput('a6'), async () => ({
         response: { status: 201, headers, body },
         commit: true,
       }));
       expect(result).toMatchObject({ outcome: 'executed', committed: true });
-      const replay = await store.claim(input('a6'));
+      const replay = await store.claim(claimInput('a6'));
       expect(replay.outcome === 'replay' && replay.response).toEqual({
         status: 201,
         headers,
@@ -353,10 +339,10 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 
     it('work that outlives the record commits nothing, its own writes included', async () => {
       await expect(
-        store.atomic({ ...input('a7'), leaseMs: 50, retainMs: 50 }, async (tx) => {
+        store.atomic({ ...claimInput('a7'), leaseMs: 50, retainMs: 50 }, async (tx) => {
           await tx.query(`INSERT INTO "${schema}".effect VALUES ('a7')`);
           await sleep(150);
-          return { response: response('late'), commit: true };
+          return { response: textResponse('late'), commit: true };
         }),
       ).rejects.toThrow('the atomic claim was lost before commit');
       expect(await effects('a7')).toBe(0);
@@ -365,13 +351,13 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     });
 
     it('a duplicate proceeds when the first rolls back; commit:false and throws leave nothing', async () => {
-      const rolledBack = await store.atomic(input('a3'), async (tx) => {
+      const rolledBack = await store.atomic(claimInput('a3'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
-        return { response: response('oops', 500), commit: false };
+        return { response: textResponse('oops', 500), commit: false };
       });
       expect(rolledBack).toMatchObject({ outcome: 'executed', committed: false });
       await expect(
-        store.atomic(input('a3'), async (tx) => {
+        store.atomic(claimInput('a3'), async (tx) => {
           await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
           throw new Error('handler failed');
         }),
@@ -379,9 +365,9 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       expect(await effects('a3')).toBe(0);
       const { rowCount } = await admin.query(`SELECT 1 FROM "${schema}".idempotency_keys WHERE key = 'a3'`);
       expect(rowCount).toBe(0);
-      const third = await store.atomic(input('a3'), async (tx) => {
+      const third = await store.atomic(claimInput('a3'), async (tx) => {
         await tx.query(`INSERT INTO "${schema}".effect VALUES ('a3')`);
-        return { response: response('ok'), commit: true };
+        return { response: textResponse('ok'), commit: true };
       });
       expect(third.outcome).toBe('executed');
       expect(await effects('a3')).toBe(1);
@@ -389,16 +375,16 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 
     it('a crash mid-transaction leaves no orphaned in-progress row', async () => {
       await expect(
-        store.atomic(input('a4'), async (tx) => {
+        store.atomic(claimInput('a4'), async (tx) => {
           await tx.query(`INSERT INTO "${schema}".effect VALUES ('a4')`);
           const { rows } = await tx.query('SELECT pg_backend_pid() AS pid');
           await admin.query('SELECT pg_terminate_backend($1)', [rows[0].pid]);
           await tx.query('SELECT 1');
-          return { response: response('never'), commit: true };
+          return { response: textResponse('never'), commit: true };
         }),
       ).rejects.toThrow();
       expect(await effects('a4')).toBe(0);
-      expect((await store.claim(input('a4'))).outcome).toBe('acquired');
+      expect((await store.claim(claimInput('a4'))).outcome).toBe('acquired');
     });
 
     // A backend terminated just after it said ReadyForQuery: both messages arrive in one read, so
@@ -432,11 +418,11 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
         return callback ? undefined : handedOut;
       }) as typeof pool.connect;
       const own = postgresStore({ pool, schema });
-      const work = async () => ({ response: response('ok'), commit: true });
+      const work = async () => ({ response: textResponse('ok'), commit: true });
       try {
-        await expect(own.atomic(input('dropped-on-hand-out'), work)).rejects.toThrow();
+        await expect(own.atomic(claimInput('dropped-on-hand-out'), work)).rejects.toThrow();
         expect(unheard).toBe(0);
-        expect((await own.atomic(input('dropped-on-hand-out'), work)).outcome).toBe('executed');
+        expect((await own.atomic(claimInput('dropped-on-hand-out'), work)).outcome).toBe('executed');
       } finally {
         await own.close();
         await pool.end();
@@ -448,14 +434,6 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
 describe.skipIf(!hasPostgres)('postgres store without its table', () => {
   const schema = uniqueName('rs_pg_nomig');
   const admin = new pg.Pool({ connectionString: PG_URL, max: 1 });
-  const input = (key: string): ClaimInput => ({
-    scope: 's',
-    key,
-    fingerprint: 'f',
-    leaseMs: 10_000,
-    retainMs: 60_000,
-  });
-
   afterAll(async () => {
     await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
     await admin.end();
@@ -465,8 +443,8 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
     const store = postgresStore({ connectionString: PG_URL, schema, maxConnections: 1 });
     try {
       const calls = [
-        () => store.claim(input('k')),
-        () => store.complete('s', 'k', 't', response('x')),
+        () => store.claim(claimInput('k')),
+        () => store.complete('s', 'k', 't', textResponse('x')),
         () => store.release('s', 'k', 't'),
         () => store.renew('s', 'k', 't', 1000),
         () => store.wait('s', 'k', 1000),
@@ -474,7 +452,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
         () => store.list(),
         () => store.get('s', 'k'),
         () => store.delete('s', 'k'),
-        () => store.atomic(input('k'), async () => ({ response: response('x'), commit: true })),
+        () => store.atomic(claimInput('k'), async () => ({ response: textResponse('x'), commit: true })),
       ];
       for (const call of calls) {
         const error = await call().then(
@@ -487,9 +465,10 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
       }
       await store.migrate();
       // The same connection, whose named statements failed to parse before, now runs them.
-      expect((await store.claim(input('k'))).outcome).toBe('acquired');
+      expect((await store.claim(claimInput('k'))).outcome).toBe('acquired');
       expect(
-        (await store.atomic(input('k2'), async () => ({ response: response('x'), commit: true }))).outcome,
+        (await store.atomic(claimInput('k2'), async () => ({ response: textResponse('x'), commit: true })))
+          .outcome,
       ).toBe('executed');
     } finally {
       await store.close();
@@ -502,9 +481,9 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
     try {
       await store.migrate();
       await expect(
-        store.atomic(input('own'), async (tx) => {
+        store.atomic(claimInput('own'), async (tx) => {
           await tx.query(`INSERT INTO "${schema}".no_such_table VALUES (1)`);
-          return { response: response('x'), commit: true };
+          return { response: textResponse('x'), commit: true };
         }),
       ).rejects.toMatchObject({ code: '42P01' });
     } finally {
@@ -517,9 +496,9 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
     const store = postgresStore({ connectionString: PG_URL, schema, migrate: true });
     try {
       const claims = await Promise.all([
-        store.claim(input('a')),
-        store.claim(input('a')),
-        store.claim(input('b')),
+        store.claim(claimInput('a')),
+        store.claim(claimInput('a')),
+        store.claim(claimInput('b')),
       ]);
       expect(claims.map((c) => c.outcome).sort()).toEqual(['acquired', 'acquired', 'in_progress']);
       const { rows } = await admin.query(
@@ -540,9 +519,9 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
     const own = `${schema}_atomic`;
     const store = postgresStore({ connectionString: PG_URL, schema: own, migrate: true, maxConnections: 1 });
     try {
-      const work = async () => ({ response: response('x'), commit: true });
-      expect((await store.atomic(input('a'), work)).outcome).toBe('executed');
-      expect((await store.claim(input('a'))).outcome).toBe('replay');
+      const work = async () => ({ response: textResponse('x'), commit: true });
+      expect((await store.atomic(claimInput('a'), work)).outcome).toBe('executed');
+      expect((await store.claim(claimInput('a'))).outcome).toBe('replay');
     } finally {
       await store.close();
       await admin.query(`DROP SCHEMA IF EXISTS "${own}" CASCADE`);

@@ -7,13 +7,8 @@ import { redisStore } from '../src/stores/redis/index.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { freePort } from './support/free-port.js';
-import { hasRedis, REDIS_URL, uniqueName } from './support/services.js';
-
-async function deleteKeys(redis: Redis, prefix: string): Promise<void> {
-  for await (const keys of redis.scanStream({ match: `${prefix}*`, count: 500 })) {
-    if ((keys as string[]).length > 0) await redis.del(...(keys as string[]));
-  }
-}
+import { deleteRedisKeys, hasRedis, REDIS_URL, uniqueName } from './support/services.js';
+import { onEachWrite } from './support/socket-writes.js';
 
 const claimInput = (key: string): ClaimInput => ({
   scope: 's',
@@ -27,15 +22,11 @@ describe.skipIf(!hasRedis)('redis', () => {
   /** A store under a key prefix of its own, deleted afterwards. */
   const redisUnderPrefix = async () => {
     const prefix = `${uniqueName('rs_redis')}:`;
-    const admin = new Redis(REDIS_URL);
     return {
       store: redisStore({ url: REDIS_URL, prefix }),
       expiresNatively: true,
       listsInScanOrder: true,
-      async cleanup() {
-        await deleteKeys(admin, prefix);
-        await admin.quit();
-      },
+      cleanup: () => deleteRedisKeys(prefix),
     };
   };
   describeStoreConformance('redis', redisUnderPrefix);
@@ -55,20 +46,8 @@ describe.skipIf(!hasRedis)('redis', () => {
     const store = redisStore({ client, prefix });
     try {
       await client.ping();
-      const socket = client.stream as typeof client.stream & {
-        _write: (...args: unknown[]) => void;
-        _writev: (...args: unknown[]) => void;
-      };
       let writes = 0;
-      const { _write: write, _writev: writev } = socket;
-      socket._write = (...args) => {
-        writes++;
-        write.apply(socket, args);
-      };
-      socket._writev = (...args) => {
-        writes++;
-        writev.apply(socket, args);
-      };
+      onEachWrite(client.stream, () => writes++);
       const claims = await Promise.all(
         Array.from({ length: 10 }, (_, i) => store.claim(claimInput(`k${i}`))),
       );
@@ -76,7 +55,7 @@ describe.skipIf(!hasRedis)('redis', () => {
       expect(writes).toBe(1);
     } finally {
       await store.close();
-      await deleteKeys(client, prefix);
+      await deleteRedisKeys(prefix);
       await client.quit();
     }
   });
@@ -105,7 +84,7 @@ describe.skipIf(!hasRedis)('redis', () => {
     } finally {
       await store.close();
       monitor.disconnect();
-      await deleteKeys(client, prefix);
+      await deleteRedisKeys(prefix);
       await client.quit();
     }
   });
@@ -162,7 +141,7 @@ describe.skipIf(!hasRedis)('redis', () => {
 
     afterAll(async () => {
       await store.close();
-      await deleteKeys(admin, prefix);
+      await deleteRedisKeys(prefix);
       await admin.quit();
     });
 
@@ -236,7 +215,7 @@ describe.skipIf(!hasRedis)('redis', () => {
       expect(await client.exists(`${prefix}1:sk`)).toBe(1);
       expect(await client.pttl(`${prefix}1:sk`)).toBeGreaterThan(5000);
     } finally {
-      await deleteKeys(client, prefix);
+      await deleteRedisKeys(prefix);
       await client.quit();
     }
   });

@@ -1,5 +1,3 @@
-import { IncomingMessage, ServerResponse } from 'node:http';
-import { Duplex } from 'node:stream';
 import {
   InMemoryMetricExporter,
   MeterProvider,
@@ -7,6 +5,7 @@ import {
 } from '@opentelemetry/sdk-metrics';
 import { idempotency } from 'retrysafe/node';
 import { idempotencyTelemetry } from 'retrysafe/otel';
+import { exchange } from '../lib/exchange.js';
 import { median } from '../lib/load.js';
 import { round2, target } from '../lib/measure.js';
 
@@ -44,34 +43,6 @@ function bareHandler(req, res) {
   req.on('end', () => handler(req, res));
 }
 
-/** A socket that never closes and discards what is written to it. */
-const sink = () =>
-  new Duplex({
-    read() {},
-    write: (_chunk, _encoding, done) => done(),
-    writev: (_chunks, done) => done(),
-  });
-
-function exchange(serve, key) {
-  const socket = sink();
-  const req = new IncomingMessage(socket);
-  req.method = 'POST';
-  req.url = '/loans';
-  req.rawHeaders = ['Content-Type', 'application/json', 'Idempotency-Key', key];
-  req.headers = { 'content-type': 'application/json', 'idempotency-key': key };
-  req.push(BODY);
-  req.push(null);
-  req.complete = true; // as the HTTP parser leaves a fully received request
-  const res = new ServerResponse(req);
-  res.assignSocket(socket);
-  // A response whose socket closes right after its last write emits 'close' rather than 'finish'.
-  return new Promise((resolve) => {
-    res.once('finish', resolve);
-    res.once('close', resolve);
-    serve(req, res);
-  });
-}
-
 /**
  * µs of this process's CPU time (user + system, every thread: GC helpers included) per request.
  * Nothing here waits on I/O or timers, so on a quiet machine this is the wall time; on a busy one
@@ -80,7 +51,7 @@ function exchange(serve, key) {
  */
 async function timePerRequest(serve, count, tag) {
   const started = process.cpuUsage();
-  for (let i = 0; i < count; i++) await exchange(serve, `${tag}-${i}`);
+  for (let i = 0; i < count; i++) await exchange(serve, `${tag}-${i}`, BODY);
   const { user, system } = process.cpuUsage(started);
   return (user + system) / count;
 }

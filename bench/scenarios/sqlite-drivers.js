@@ -1,6 +1,6 @@
 import { load } from '../lib/load.js';
 import { LOAN, profileArgs, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
-import { informational, measureSet, round2 } from '../lib/measure.js';
+import { informational, measureSet, pairRow } from '../lib/measure.js';
 import { startAll, stopAll } from '../lib/proc.js';
 
 const ATOMIC = VARIANTS.find((v) => v.id === 'sqlite-atomic');
@@ -45,19 +45,9 @@ export async function run(ctx) {
       ['fresh', 'POST /loans, fresh key (atomic)'],
       ['replay', 'replay of one completed key'],
     ];
-    const rows = kinds.map(([kind, label]) => {
-      const better = measured[`better-sqlite3:${kind}`];
-      const node = measured[`node-sqlite:${kind}`];
-      return [
-        label,
-        Math.round(better.rps),
-        Math.round(node.rps),
-        round2(node.rps / better.rps),
-        `${round2(better.p50Ms)} / ${round2(node.p50Ms)}`,
-        `${round2(better.p99Ms)} / ${round2(node.p99Ms)}`,
-        `${better.non2xx + node.non2xx}/${better.errors + node.errors}`,
-      ];
-    });
+    const rows = kinds.map(([kind, label]) =>
+      pairRow(label, measured[`better-sqlite3:${kind}`], measured[`node-sqlite:${kind}`]),
+    );
     return {
       title: `SQLite store drivers on ${process.version}: node:sqlite ÷ better-sqlite3, the loan desk in atomic mode`,
       table: {

@@ -1,4 +1,5 @@
 import { MIMEType } from 'node:util';
+import { parseJsonObject } from '../json-object.js';
 import { sendJson as send } from './respond.js';
 
 const IDENTIFIER = /^[^\p{Cc}]{1,64}$/u;
@@ -41,16 +42,7 @@ export function readJsonObject(body, shape) {
   if (body.length === 0) {
     return { problem: { error: 'invalid_body', message: `The body is empty; send ${shape}.` } };
   }
-  let value;
-  try {
-    value = JSON.parse(body.toString('utf8'));
-  } catch (error) {
-    return { problem: { error: 'invalid_json', message: `The body is not valid JSON: ${error.message}` } };
-  }
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-    return { problem: { error: 'invalid_body', message: `The body must be a JSON object ${shape}.` } };
-  }
-  return { value };
+  return parseJsonObject(body, `The body must be a JSON object ${shape}.`);
 }
 
 /** The 400 problem of a field that is no id (1 to 64 characters, no control character), if it is none. */

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import http from 'node:http';
 import { idempotency } from 'retrysafe/node';
 import { sqliteStore } from 'retrysafe/sqlite';
+import { parseJsonObject } from '../json-object.js';
 
 const SCHEMA = `CREATE TABLE IF NOT EXISTS charge (
   id TEXT PRIMARY KEY,
@@ -20,15 +21,8 @@ function send(res, status, payload, headers = {}) {
 
 /** Checks the body of `POST /charges`; a `problem` is answered with 400 and nothing is charged. */
 export function parseCharge(body) {
-  let value;
-  try {
-    value = JSON.parse(body.toString('utf8'));
-  } catch (error) {
-    return { problem: { error: 'invalid_json', message: `The body is not valid JSON: ${error.message}` } };
-  }
-  if (value === null || typeof value !== 'object' || Array.isArray(value)) {
-    return { problem: { error: 'invalid_body', message: 'Send {"amount", "currency", "reference"}.' } };
-  }
+  const { value, problem } = parseJsonObject(body, 'Send {"amount", "currency", "reference"}.');
+  if (problem) return { problem };
   const invalid = (field, message) => ({ problem: { error: 'validation', field, message } });
   const { amount, currency, reference } = value;
   if (!Number.isInteger(amount) || amount < 1 || amount > MAX_AMOUNT) {

@@ -6,6 +6,13 @@ interface Settled {
   response: StoredResponse;
 }
 
+/**
+ * An atomic claim that timed out behind an uncommitted duplicate (in this process or on the
+ * database's row lock) cannot read that duplicate's lease; this is the retry hint it answers with
+ * instead.
+ */
+export const BLOCKED_RETRY_AFTER_MS = 1000;
+
 const TIMED_OUT = Symbol('timed out');
 
 /** `promise`'s value, or TIMED_OUT once `ms` have passed first. */
@@ -27,9 +34,9 @@ function within<T>(promise: Promise<T>, ms: number): Promise<T | typeof TIMED_OU
  * committed (or replayed) fingerprint and response, or nothing when nothing was committed.
  *
  * `run` gets the time left of the caller's `waitMs` for its own wait on the database; a duplicate
- * that outwaits the one ahead answers `in_progress` with `blockedRetryAfterMs`.
+ * that outwaits the one ahead answers `in_progress` with BLOCKED_RETRY_AFTER_MS.
  */
-export function atomicInFlight(blockedRetryAfterMs: number) {
+export function atomicInFlight() {
   const inFlight = new Map<string, Promise<Settled | undefined>>();
   return async function deduplicated(
     input: ClaimInput,
@@ -40,7 +47,7 @@ export function atomicInFlight(blockedRetryAfterMs: number) {
     const deadline = Date.now() + (input.waitMs ?? input.leaseMs);
     for (let ahead = inFlight.get(id); ahead; ahead = inFlight.get(id)) {
       const settled = await within(ahead, deadline - Date.now());
-      if (settled === TIMED_OUT) return { outcome: 'in_progress', retryAfterMs: blockedRetryAfterMs };
+      if (settled === TIMED_OUT) return { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
       if (settled) {
         return settled.fingerprint === input.fingerprint
           ? { outcome: 'replay', response: settled.response }

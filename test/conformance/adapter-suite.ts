@@ -8,7 +8,6 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { gzipSync } from 'node:zlib';
-import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
@@ -20,6 +19,7 @@ import { redisStore } from '../../src/stores/redis/index.js';
 import { sqliteStore } from '../../src/stores/sqlite/index.js';
 import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';
 import {
+  deleteRedisKeys,
   dropSchemas,
   hasMysql,
   hasPostgres,
@@ -524,13 +524,7 @@ export const redis: StoreFactory = {
     const prefix = `${uniqueName('rs_adapter')}:`;
     return {
       store: redisStore({ url: REDIS_URL, prefix }),
-      async cleanup() {
-        const admin = new Redis(REDIS_URL);
-        for await (const keys of admin.scanStream({ match: `${prefix}*`, count: 500 })) {
-          if ((keys as string[]).length > 0) await admin.del(...(keys as string[]));
-        }
-        await admin.quit();
-      },
+      cleanup: () => deleteRedisKeys(prefix),
     };
   },
 };

@@ -1,7 +1,15 @@
-import { Redis } from 'ioredis';
+import { expect, vi } from 'vitest';
 import { startProvider } from '../../examples/payment-provider/provider.js';
 import { tempDatabaseUrl } from './loan-desk.js';
-import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './services.js';
+import {
+  deleteRedisKeys,
+  dropSchemas,
+  hasPostgres,
+  hasRedis,
+  PG_URL,
+  REDIS_URL,
+  uniqueName,
+} from './services.js';
 
 export interface Provider {
   url: string;
@@ -55,6 +63,25 @@ export async function listFines(baseUrl: string): Promise<any[]> {
   return (await fetch(`${baseUrl}/fines`)).json();
 }
 
+/** Expects `fine` (as the desk shows it) charged once at the provider: its amount in euros, referenced by its id. */
+export async function expectChargedOnce(
+  provider: Provider,
+  fine: { id: number; chargeId: string; amount: number },
+): Promise<void> {
+  expect(await chargesFor(provider, fine.id)).toEqual([
+    { id: fine.chargeId, amount: fine.amount, currency: 'eur', reference: String(fine.id) },
+  ]);
+}
+
+/** Waits, polling every `intervalMs`, until the desk's first fine is paid (by its completer), and returns it. */
+export async function firstFinePaid(baseUrl: string, timeoutMs: number, intervalMs = 100): Promise<any> {
+  await vi.waitFor(async () => expect((await listFines(baseUrl))[0]?.status).toBe('paid'), {
+    timeout: timeoutMs,
+    interval: intervalMs,
+  });
+  return (await listFines(baseUrl))[0];
+}
+
 /**
  * Where a desk of the fine tests keeps its data and keys: a new SQLite file, a new PostgreSQL
  * schema, or a SQLite file with the keys in Redis (the fines then run as plain steps, no phases)
@@ -90,17 +117,6 @@ export const FINE_DATABASES: FineDatabase[] = [
       prefixes.push(prefix);
       return { DATABASE_URL: tempDatabaseUrl(), IDEMPOTENCY_STORE: `${REDIS_URL}?prefix=${prefix}` };
     },
-    async cleanup() {
-      const redis = new Redis(REDIS_URL);
-      try {
-        for (const prefix of prefixes.splice(0)) {
-          for await (const keys of redis.scanStream({ match: `${prefix}*`, count: 500 })) {
-            if (keys.length) await redis.del(...keys);
-          }
-        }
-      } finally {
-        redis.disconnect();
-      }
-    },
+    cleanup: () => deleteRedisKeys(...prefixes.splice(0)),
   },
 ];

@@ -3,6 +3,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { afterAll, beforeAll, describe, it } from 'vitest';
 
 /** The repository root; the loan desk runs from here and imports `retrysafe/*` from dist/. */
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
@@ -55,10 +56,54 @@ function killGroup(child: ChildProcess, signal: NodeJS.Signals): void {
   }
 }
 
+/**
+ * `describe.each` over the databases a desk can run on (`$name` in `title` names each); one this
+ * machine cannot reach shows as a skipped test rather than failing or vanishing.
+ */
+export function describeEachDatabase<D extends { name: string; skip: boolean }>(
+  title: string,
+  databases: D[],
+  tests: (database: D) => void,
+): void {
+  describe.each(databases)(title, (database) => {
+    if (database.skip) {
+      it.skip('needs its database', () => {});
+      return;
+    }
+    tests(database);
+  });
+}
+
 /** A path for a new SQLite database, in a temp directory removed when this process exits. */
 export function tempDatabaseUrl(name = 'library'): string {
   tempDir ??= mkdtempSync(path.join(tmpdir(), 'loan-desk-'));
   return path.join(tempDir, `${name}-${process.pid}-${Math.random().toString(36).slice(2, 10)}.db`);
+}
+
+/**
+ * One desk for the tests of a describe block: started with `options` before them, stopped after.
+ * The function returned gives it to the tests.
+ */
+export function deskForBlock(options: StartLoanDeskOptions): () => LoanDesk {
+  let desk: LoanDesk | undefined;
+  beforeAll(async () => {
+    desk = await startLoanDesk(options);
+  }, 30_000);
+  afterAll(() => desk?.stop());
+  return () => desk!;
+}
+
+/** Runs `test` on a desk started with `options`, then stops the desk, whatever the test did. */
+export async function withLoanDesk<T>(
+  options: StartLoanDeskOptions,
+  test: (desk: LoanDesk) => Promise<T>,
+): Promise<T> {
+  const desk = await startLoanDesk(options);
+  try {
+    return await test(desk);
+  } finally {
+    await desk.stop();
+  }
 }
 
 function exited(child: ChildProcess): Promise<number | null> {

@@ -23,10 +23,27 @@ import { IdempotencyCtx, Idempotent, type NestRequest, RetrysafeModule } from '.
 import type { IdempotencyStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { controller, type Platform, type PlatformReply, startNest, urlOf } from './nest-harness.js';
+import { describeAdapterConformance, memory, postgres, redis, sqlite } from '../conformance/adapter-suite.js';
+import {
+  controller,
+  nestAdapter,
+  type Platform,
+  type PlatformReply,
+  startNest,
+  urlOf,
+} from './nest-harness.js';
+
+/** One Nest major's tests, on each platform: the conformance suite on every kind of store, then the specifics. */
+export function describeNest(major: string): void {
+  for (const platform of ['express', 'fastify'] as const) {
+    const label = `${major} (platform-${platform})`;
+    describeAdapterConformance(nestAdapter(label, platform), [memory, sqlite, postgres, redis]);
+    describeNestSpecifics(label, platform);
+  }
+}
 
 /** Nest's own paths around the interceptor: guards, exception filters, pipes, @HttpCode/@Header, @Res(). */
-export function describeNestSpecifics(label: string, platform: Platform): void {
+function describeNestSpecifics(label: string, platform: Platform): void {
   describe(`nest specifics: ${label}`, () => {
     const store = memoryStore();
     let app: INestApplication;

@@ -1,5 +1,5 @@
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
-import { cpSync, existsSync, readFileSync, symlinkSync } from 'node:fs';
+import { cpSync, existsSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import { expect } from 'vitest';
@@ -12,6 +12,39 @@ const root = join(import.meta.dirname, '../..');
 
 export const run = (cmd: string, args: string[], cwd: string, timeout = 120_000) =>
   execFileSync(cmd, args, { cwd, encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], timeout });
+
+/**
+ * Type-checks the files `include` names in `dir` as a user's strict ES-module project would
+ * (module nodenext), `compilerOptions` on top, with the compiler at `tsc` (…/typescript/bin/tsc):
+ * what tsc reports, empty when it found nothing.
+ */
+export function typeCheckAsUser(
+  dir: string,
+  tsc: string,
+  compilerOptions: object,
+  include: string[],
+): string {
+  writeFileSync(
+    join(dir, 'tsconfig.json'),
+    JSON.stringify({
+      compilerOptions: {
+        target: 'ES2022',
+        module: 'nodenext',
+        moduleResolution: 'nodenext',
+        strict: true,
+        types: ['node'],
+        ...compilerOptions,
+      },
+      include,
+    }),
+  );
+  try {
+    run(process.execPath, [tsc, '-p', dir], dir);
+    return '';
+  } catch (error) {
+    return String((error as { stdout?: string }).stdout);
+  }
+}
 
 /** This repository's files as a clone has them in `dir`: tracked or new, never ignored (no dist/). */
 function freshCheckout(dir: string): string {

@@ -2,6 +2,7 @@ import { execFile } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import { Cluster } from 'ioredis';
+import { uniqueName } from './services.js';
 
 /**
  * The local Redis Cluster of scripts/redis-cluster.sh (3 masters, 3 replicas on 7100-7105), which
@@ -43,5 +44,23 @@ export async function deleteClusterKeys(cluster: Cluster, prefix: string): Promi
     for await (const keys of node.scanStream({ match: `${prefix}*`, count: 500 })) {
       for (const key of keys as string[]) await cluster.del(key);
     }
+  }
+}
+
+/**
+ * Runs `test` with a key prefix of its own (from `name`) and a cluster client, then deletes the
+ * keys under the prefix and quits the client. Stores the test opens, it closes itself.
+ */
+export async function underClusterPrefix(
+  name: string,
+  test: (prefix: string, client: Cluster) => Promise<void>,
+): Promise<void> {
+  const prefix = `${uniqueName(name)}:`;
+  const client = clusterClient();
+  try {
+    await test(prefix, client);
+  } finally {
+    await deleteClusterKeys(client, prefix);
+    await client.quit();
   }
 }

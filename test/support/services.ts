@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import net from 'node:net';
+import { Redis } from 'ioredis';
 import pg from 'pg';
 
 /**
@@ -47,6 +48,20 @@ export async function dropSchemas(...schemas: string[]): Promise<void> {
     for (const schema of schemas) await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
   } finally {
     await admin.end();
+  }
+}
+
+/** Deletes the keys under each of `prefixes` from the shared Redis. */
+export async function deleteRedisKeys(...prefixes: string[]): Promise<void> {
+  const admin = new Redis(REDIS_URL);
+  try {
+    for (const prefix of prefixes) {
+      for await (const keys of admin.scanStream({ match: `${prefix}*`, count: 500 })) {
+        if ((keys as string[]).length > 0) await admin.del(...(keys as string[]));
+      }
+    }
+  } finally {
+    await admin.quit();
   }
 }
 

@@ -17,9 +17,9 @@ import {
   RetrysafeError,
   type SavedStep,
   type StoredResponse,
-} from '../../core/index.js';
+} from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
-import { atomicInFlight } from '../in-flight.js';
+import { atomicInFlight, BLOCKED_RETRY_AFTER_MS } from '../in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -98,11 +98,6 @@ export interface MysqlStore extends AtomicStore<PoolConnection>, PhaseStore<Pool
  * interleaving.
  */
 const CLAIM_ATTEMPTS = 4;
-/**
- * An atomic claim that timed out behind an uncommitted duplicate cannot read that duplicate's
- * lease; this is the retry hint it answers with instead.
- */
-const BLOCKED_RETRY_AFTER_MS = 1000;
 /** How long an atomic claim may take, pool wait included, when the caller gives no `timeoutMs`. */
 const DEFAULT_ATOMIC_TIMEOUT_MS = 15_000;
 const QUERY_TIMEOUT = 'PROTOCOL_SEQUENCE_TIMEOUT';
@@ -192,29 +187,15 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     });
   const t = `\`${table}\``;
 
-  const {
-    CLAIM,
-    RECORD,
-    LIVE,
-    COMPLETE,
-    SAVE_STEP,
-    LOCK_OWNED,
-    ABANDONED,
-    RELEASE,
-    RENEW,
-    LEASE_LEFT,
-    DELETE,
-    PURGE,
-    SUMMARY,
-  } = statements(t);
+  const sql = statements(t);
 
   async function run<T extends RowDataPacket[] | ResultSetHeader>(
     on: Queryable,
-    sql: string,
+    text: string,
     values: { [name: string]: QueryValues },
     timeoutMs?: number,
   ): Promise<T> {
-    const [result] = await on.query<T>({ sql, namedPlaceholders: true, timeout: timeoutMs }, values);
+    const [result] = await on.query<T>({ sql: text, namedPlaceholders: true, timeout: timeoutMs }, values);
     return result;
   }
 
@@ -280,10 +261,10 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       leaseMs: input.leaseMs,
       retainMs: input.retainMs,
     };
-    const claimed = await run<ResultSetHeader>(on, CLAIM, values, timeoutMs);
+    const claimed = await run<ResultSetHeader>(on, sql.CLAIM, values, timeoutMs);
     if (claimed.insertId === 0) return { outcome: 'acquired', token };
     // Read back even after a takeover (2 rows affected): it answers the steps saved before it.
-    const [row] = await run<RecordRow[]>(on, RECORD, values, timeoutMs);
+    const [row] = await run<RecordRow[]>(on, sql.RECORD, values, timeoutMs);
     if (!row) return undefined;
     if (row.token === token) {
       return row.steps === null
@@ -342,14 +323,38 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     return Promise.race([connecting, timedOut]).finally(() => clearTimeout(timer));
   }
 
+  /**
+   * Runs `work`'s transactions on a connection the store took from the pool, then gives it back.
+   * A failure rolls the open transaction back; a connection that cannot be trusted any more (its
+   * query timed out, `lent.broken`, or that rollback failed) is destroyed instead of returned.
+   */
+  async function inTransactionOn<T>(
+    connection: PoolConnection,
+    work: (lent: { broken: boolean }) => Promise<T>,
+  ): Promise<T> {
+    const lent = { broken: false };
+    try {
+      return await work(lent);
+    } catch (error) {
+      if (!lent.broken) {
+        await connection.rollback().catch(() => {
+          lent.broken = true;
+        });
+      }
+      throw error;
+    } finally {
+      if (lent.broken) connection.destroy();
+      else connection.release();
+    }
+  }
+
   async function atomicOnConnection(
     input: ClaimInput,
     work: (tx: PoolConnection) => Promise<AtomicWorkResult>,
   ): Promise<AtomicResult> {
     const timeoutMs = Math.max(1, input.timeoutMs ?? DEFAULT_ATOMIC_TIMEOUT_MS);
     const connection = await connectionWithin(timeoutMs);
-    let broken = false;
-    try {
+    return inTransactionOn(connection, async (lent) => {
       // A duplicate blocks on the record's row lock until the first's transaction ends; InnoDB
       // bounds that wait in whole seconds only.
       const waitS = Math.max(1, Math.ceil((input.waitMs ?? input.leaseMs) / 1000));
@@ -366,11 +371,11 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
           if (code === ER_LOCK_WAIT_TIMEOUT) {
             claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
           } else if (code !== ER_LOCK_DEADLOCK) {
-            if (code === QUERY_TIMEOUT) broken = true;
+            if (code === QUERY_TIMEOUT) lent.broken = true;
             throw error;
           }
         } finally {
-          if (!broken) await connection.query('SET SESSION innodb_lock_wait_timeout = DEFAULT');
+          if (!lent.broken) await connection.query('SET SESSION innodb_lock_wait_timeout = DEFAULT');
         }
         if (!claimed && attempt === CLAIM_ATTEMPTS) claimed = { outcome: 'in_progress', retryAfterMs: 0 };
         if (claimed?.outcome === 'acquired') {
@@ -381,7 +386,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
           }
           const saved = await run<ResultSetHeader>(
             connection,
-            COMPLETE,
+            sql.COMPLETE,
             completeValues(input.scope, input.key, claimed.token, result.response),
           );
           if (saved.affectedRows !== 1) {
@@ -394,17 +399,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
         await connection.rollback();
         if (claimed) return claimed;
       }
-    } catch (error) {
-      if (!broken) {
-        await connection.rollback().catch(() => {
-          broken = true;
-        });
-      }
-      throw error;
-    } finally {
-      if (broken) connection.destroy();
-      else connection.release();
-    }
+    });
   }
 
   function completeValues(scope: string, key: string, token: string, response: StoredResponse) {
@@ -442,10 +437,12 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     request?: string,
   ): Promise<boolean> {
     const connection = await pool.getConnection();
-    let broken = false;
-    try {
+    return inTransactionOn(connection, async () => {
       await connection.beginTransaction();
-      const [row] = await own(() => run<RowDataPacket[]>(connection, LOCK_OWNED, { scope, key }), connection);
+      const [row] = await own(
+        () => run<RowDataPacket[]>(connection, sql.LOCK_OWNED, { scope, key }),
+        connection,
+      );
       if (row?.token !== token) {
         await connection.rollback();
         return false;
@@ -453,23 +450,15 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       const step = await work(connection);
       const saved = await run<ResultSetHeader>(
         connection,
-        SAVE_STEP,
+        sql.SAVE_STEP,
         stepValues(scope, key, token, step, request),
       );
       await connection.commit();
       return saved.affectedRows === 1;
-    } catch (error) {
-      await connection.rollback().catch(() => {
-        broken = true;
-      });
-      throw error;
-    } finally {
-      if (broken) connection.destroy();
-      else connection.release();
-    }
+    });
   }
 
-  const deduplicated = atomicInFlight(BLOCKED_RETRY_AFTER_MS);
+  const deduplicated = atomicInFlight();
 
   return {
     name: 'mysql',
@@ -483,17 +472,23 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       return changed(
         scope,
         key,
-        await own(() => run<ResultSetHeader>(pool, COMPLETE, completeValues(scope, key, token, response))),
+        await own(() =>
+          run<ResultSetHeader>(pool, sql.COMPLETE, completeValues(scope, key, token, response)),
+        ),
       );
     },
 
     async release(scope, key, token) {
-      return changed(scope, key, await own(() => run<ResultSetHeader>(pool, RELEASE, { scope, key, token })));
+      return changed(
+        scope,
+        key,
+        await own(() => run<ResultSetHeader>(pool, sql.RELEASE, { scope, key, token })),
+      );
     },
 
     async saveStep(scope, key, token, step, request) {
       const values = stepValues(scope, key, token, step, request);
-      const result = await own(() => run<ResultSetHeader>(pool, SAVE_STEP, values));
+      const result = await own(() => run<ResultSetHeader>(pool, sql.SAVE_STEP, values));
       return result.affectedRows === 1;
     },
 
@@ -501,20 +496,20 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
 
     async abandoned(options = {}) {
       const limit = abandonedLimit('mysqlStore.abandoned', options);
-      const rows = await own(() => run<MysqlAbandonedRow[]>(pool, ABANDONED, { limit }));
+      const rows = await own(() => run<MysqlAbandonedRow[]>(pool, sql.ABANDONED, { limit }));
       return rows.map((row) =>
         abandonedOf({ ...row, scope: row.scope.toString('utf8'), key: row.key.toString('utf8') }),
       );
     },
 
     async renew(scope, key, token, leaseMs) {
-      const result = await own(() => run<ResultSetHeader>(pool, RENEW, { scope, key, token, leaseMs }));
+      const result = await own(() => run<ResultSetHeader>(pool, sql.RENEW, { scope, key, token, leaseMs }));
       return result.affectedRows === 1;
     },
 
     async wait(scope, key, timeoutMs) {
       await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
-        const [row] = await own(() => run<RowDataPacket[]>(pool, LEASE_LEFT, { scope, key }));
+        const [row] = await own(() => run<RowDataPacket[]>(pool, sql.LEASE_LEFT, { scope, key }));
         return row ? Number(row.lease_left_ms) : null;
       });
     },
@@ -523,7 +518,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       requirePositiveInteger('mysqlStore.purgeExpired', 'batchSize', batchSize);
       return purgeInBatches(
         batchSize,
-        async () => (await own(() => run<ResultSetHeader>(pool, PURGE, { batchSize }))).affectedRows,
+        async () => (await own(() => run<ResultSetHeader>(pool, sql.PURGE, { batchSize }))).affectedRows,
       );
     },
 
@@ -536,7 +531,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       const rows = await own(() =>
         run<MysqlSummaryRow[]>(
           pool,
-          `SELECT ${SUMMARY} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, \`key\` LIMIT :limit`,
+          `SELECT ${sql.SUMMARY} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, \`key\` LIMIT :limit`,
           { scope, afterScope: after?.[0], afterKey: after?.[1], limit: limit + 1 },
         ),
       );
@@ -545,13 +540,13 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
 
     async get(scope, key) {
       const [row] = await own(() =>
-        run<MysqlSummaryRow[]>(pool, `SELECT ${SUMMARY} FROM ${t} WHERE ${LIVE}`, { scope, key }),
+        run<MysqlSummaryRow[]>(pool, `SELECT ${sql.SUMMARY} FROM ${t} WHERE ${sql.LIVE}`, { scope, key }),
       );
       return row && summaryOfRow(row);
     },
 
     async delete(scope, key) {
-      return changed(scope, key, await own(() => run<ResultSetHeader>(pool, DELETE, { scope, key })));
+      return changed(scope, key, await own(() => run<ResultSetHeader>(pool, sql.DELETE, { scope, key })));
     },
 
     atomic(input, work) {

@@ -12,7 +12,7 @@ import type {
 } from '../../core/contract/index.js';
 import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
-import { atomicInFlight } from '../in-flight.js';
+import { atomicInFlight, BLOCKED_RETRY_AFTER_MS } from '../in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -132,11 +132,6 @@ export interface PostgresStore extends AtomicStore<pg.PoolClient>, PhaseStore<pg
  * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
  */
 const CLAIM_ATTEMPTS = 4;
-/**
- * An atomic claim that timed out behind an uncommitted duplicate cannot read that duplicate's
- * lease; this is the retry hint it answers with instead.
- */
-const BLOCKED_RETRY_AFTER_MS = 1000;
 const LOCK_NOT_AVAILABLE = '55P03';
 const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 const UNDEFINED_TABLE = '42P01';
@@ -440,7 +435,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   }
 
   const waiters = new Waiters();
-  const deduplicated = atomicInFlight(BLOCKED_RETRY_AFTER_MS);
+  const deduplicated = atomicInFlight();
   let listener: Promise<pg.Client> | undefined;
   let closed = false;
 
