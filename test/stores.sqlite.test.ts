@@ -24,6 +24,7 @@ import {
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
+import { expectWaitWokenBy } from './support/store-calls.js';
 
 const dirs: string[] = [];
 function tempFile(name = 'store.db'): string {
@@ -263,13 +264,7 @@ describe('sqliteStore setup', () => {
     const store = sqliteStore({ filename: tempFile() });
     const claimInput = input();
     await store.claim(claimInput);
-    const events: string[] = [];
-    const waiting = store.wait(claimInput.scope, claimInput.key, 120_000).then(() => events.push('woke'));
-    await sleep(20);
-    events.push('closing');
-    await store.close();
-    await waiting;
-    expect(events).toEqual(['closing', 'woke']);
+    await expectWaitWokenBy(store, claimInput.scope, claimInput.key, () => store.close(), { settleMs: 20 });
   });
 
   it.each([
@@ -366,13 +361,9 @@ describe('sqliteStore across processes', () => {
     const claimInput = input();
     const claimed = await owner.claim(claimInput);
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
-    const events: string[] = [];
-    const waiting = waiter.wait(claimInput.scope, claimInput.key, 120_000).then(() => events.push('woke'));
-    await sleep(100);
-    events.push('completed');
-    expect(await owner.complete(claimInput.scope, claimInput.key, claimed.token, response)).toBe(true);
-    await waiting;
-    expect(events).toEqual(['completed', 'woke']);
+    await expectWaitWokenBy(waiter, claimInput.scope, claimInput.key, async () =>
+      expect(await owner.complete(claimInput.scope, claimInput.key, claimed.token, response)).toBe(true),
+    );
     expect((await waiter.claim(claimInput)).outcome).toBe('replay');
     await owner.close();
     await waiter.close();
