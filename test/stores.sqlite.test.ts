@@ -24,6 +24,7 @@ import {
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 import { expectWaitWokenBy } from './support/store-calls.js';
 
 const dirs: string[] = [];
@@ -85,15 +86,9 @@ function input(overrides: Partial<ClaimInput> = {}): ClaimInput {
 const response: StoredResponse = { status: 201, headers: {}, body: new Uint8Array([1]) };
 
 function notes(filename: string): string[] {
-  const reader = new Database(filename, { readonly: true });
-  try {
-    return reader
-      .prepare('SELECT text FROM note ORDER BY rowid')
-      .all()
-      .map((row) => (row as { text: string }).text);
-  } finally {
-    reader.close();
-  }
+  return sqliteRows<{ text: string }>(filename, 'SELECT text FROM note ORDER BY rowid').map(
+    (row) => row.text,
+  );
 }
 
 describe.each(DRIVERS)('sqliteStore transactions (%s)', (driver) => {
