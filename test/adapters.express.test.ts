@@ -13,17 +13,15 @@ import {
   CATALOG_POST_PATHS,
   describeAdapterConformance,
   listen,
-  memory,
   type Planned,
   paced,
   plan,
-  postgres,
   type RunningApp,
-  sqlite,
   uploadFromAnotherThread,
 } from './conformance/adapter-suite.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
+import { memory, postgres, sqlite } from './support/store-factories.js';
 
 // Express 4 is installed under an alias (npm:express@4); its API is the subset typed here.
 const express4 = createRequire(import.meta.url)('express4') as typeof express5;

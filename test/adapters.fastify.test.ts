@@ -10,14 +10,12 @@ import {
   type AdapterUnderTest,
   CATALOG_POST_PATHS,
   describeAdapterConformance,
-  memory,
   type Planned,
   paced,
   plan,
   type RunningApp,
-  redis,
-  sqlite,
 } from './conformance/adapter-suite.js';
+import { memory, redis, sqlite } from './support/store-factories.js';
 
 async function listenFastify(app: FastifyInstance, calls: Record<string, number>): Promise<RunningApp> {
   await app.listen({ port: 0, host: '127.0.0.1' });

@@ -8,15 +8,12 @@ import {
   type AdapterUnderTest,
   describeAdapterConformance,
   listen,
-  memory,
   type Planned,
   pacedStream,
   plan,
-  postgres,
   type RunningApp,
-  redis,
-  sqlite,
 } from './conformance/adapter-suite.js';
+import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 
 /**
  * Serves a Web-standard handler on node:http. @hono/node-server does the node:http side (request

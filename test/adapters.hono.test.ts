@@ -16,13 +16,12 @@ import {
   CATALOG_POST_PATHS,
   describeAdapterConformance,
   listen,
-  memory,
   pacedStream,
   plan,
   type RunningApp,
-  sqlite,
 } from './conformance/adapter-suite.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
+import { memory, sqlite } from './support/store-factories.js';
 
 type Env = { Variables: IdempotencyVariables };
 

@@ -12,15 +12,12 @@ import {
   CATALOG_POST_PATHS,
   describeAdapterConformance,
   listen,
-  memory,
   paced,
   plan,
-  postgres,
   type RunningApp,
-  redis,
-  sqlite,
 } from './conformance/adapter-suite.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
+import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 
 // Koa 2 is installed under an alias (npm:koa@2); its API is the one typed for Koa 3 here.
 const Koa2 = createRequire(import.meta.url)('koa2') as typeof Koa3;

@@ -8,16 +8,18 @@ import {
   type AdapterUnderTest,
   describeAdapterConformance,
   listen,
-  memory,
-  mysql,
   paced,
   plan,
+  type RunningApp,
+} from './conformance/adapter-suite.js';
+import {
+  memory,
+  mysql,
   postgres,
   postgresBehindPgBouncer,
-  type RunningApp,
   redis,
   sqlite,
-} from './conformance/adapter-suite.js';
+} from './support/store-factories.js';
 
 const nodeAdapter: AdapterUnderTest = {
   name: 'node',

@@ -1,17 +1,9 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import pg from 'pg';
-import { afterAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { exchange } from '../bench/lib/exchange.js';
 import { idempotency } from '../src/adapters/node.js';
 import type { IdempotencyStore } from '../src/core/index.js';
-import { memoryStore } from '../src/stores/memory.js';
-import { postgresStore } from '../src/stores/postgres/index.js';
-import { redisStore } from '../src/stores/redis/index.js';
-import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { countTurns, type PromiseTurns } from './support/promise-turns.js';
-import { hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 
 // Microtask budgets of one keyed request through the node adapter, per store, mode and path:
 // promises created and reaction jobs run, counted with a PromiseHook (deterministic, unlike time).
@@ -25,81 +17,21 @@ const BODY = Buffer.from('{"member":"U-1001","isbn":"K-01","issuedAt":"2026-11-2
 const OTHER_BODY = Buffer.from('{"member":"U-1001","isbn":"K-02","issuedAt":"2026-11-29"}');
 const ANSWER = '{"id":1,"member":"U-1001","isbn":"K-01","issuedAt":"2026-11-29"}';
 
-interface Case {
-  name: string;
-  mode: 'lease' | 'atomic';
-  available: boolean;
-  open: () => Promise<{ store: IdempotencyStore; close: () => Promise<void> }>;
-}
+type Mode = 'lease' | 'atomic';
 
-const dir = mkdtempSync(join(tmpdir(), 'rs-budgets-'));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
-
-function sqliteCase(mode: 'lease' | 'atomic'): Case {
-  return {
-    name: 'sqlite',
+/** Each kind of store in lease mode, and those that have it in atomic mode too. */
+const CASES = [memory, sqlite, postgres, redis].flatMap((factory) =>
+  (factory.atomic ? (['lease', 'atomic'] as const) : (['lease'] as const)).map((mode: Mode) => ({
+    factory,
     mode,
-    available: true,
-    open: async () => {
-      const store = sqliteStore({ filename: join(dir, `${mode}.db`) });
-      return { store, close: () => store.close() };
-    },
-  };
-}
-
-function postgresCase(mode: 'lease' | 'atomic'): Case {
-  return {
-    name: 'postgres',
-    mode,
-    available: hasPostgres,
-    open: async () => {
-      const schema = uniqueName('rs_budget');
-      const store = postgresStore({ connectionString: PG_URL, schema });
-      await store.migrate();
-      return {
-        store,
-        close: async () => {
-          await store.close();
-          const admin = new pg.Client({ connectionString: PG_URL });
-          await admin.connect();
-          await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-          await admin.end();
-        },
-      };
-    },
-  };
-}
-
-const CASES: Case[] = [
-  {
-    name: 'memory',
-    mode: 'lease',
-    available: true,
-    open: async () => {
-      const store = memoryStore();
-      return { store, close: () => store.close() };
-    },
-  },
-  sqliteCase('lease'),
-  sqliteCase('atomic'),
-  postgresCase('lease'),
-  postgresCase('atomic'),
-  {
-    name: 'redis',
-    mode: 'lease',
-    available: hasRedis,
-    open: async () => {
-      const store = redisStore({ url: REDIS_URL, prefix: `${uniqueName('rs_budget')}:` });
-      return { store, close: () => store.close() };
-    },
-  },
-];
+  })),
+);
 
 /**
  * Counts each path three times after a warm-up. Over a network a reply can arrive split or late,
  * which costs a turn the code did not ask for: the least of the three is the path's own count.
  */
-async function measure(store: IdempotencyStore, mode: 'lease' | 'atomic') {
+async function measure(store: IdempotencyStore, mode: Mode) {
   const guard = idempotency({ store, mode, concurrency: 'reject' });
   // The in-progress path's original parks in the handler until `release` is called.
   let holding = false;
@@ -161,12 +93,12 @@ const BUDGETS: Record<string, Record<Path, [number, number]>> = {
 const STATUS: Record<Path, number> = { fresh: 201, replay: 201, mismatch: 409, in_progress: 409 };
 
 describe('microtask budgets per keyed request (node adapter)', () => {
-  for (const c of CASES) {
-    const name = `${c.name} ${c.mode}`;
-    it.skipIf(!c.available)(`${name}: each path within its budget`, async () => {
-      const { store, close } = await c.open();
+  for (const { factory, mode } of CASES) {
+    const name = `${factory.name} ${mode}`;
+    it.skipIf(factory.available === false)(`${name}: each path within its budget`, async () => {
+      const { store, cleanup } = await factory.open();
       try {
-        const result = await measure(store, c.mode);
+        const result = await measure(store, mode);
         const counted = Object.fromEntries(
           PATHS.map((path) => {
             const runs = result[path]!;
@@ -187,7 +119,8 @@ describe('microtask budgets per keyed request (node adapter)', () => {
           expect(reactions, `${name} ${path}: reactions`).toBeLessThanOrEqual(maxReactions);
         }
       } finally {
-        await close();
+        await store.close();
+        await cleanup?.();
       }
     });
   }

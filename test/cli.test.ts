@@ -37,6 +37,7 @@ import {
   REDIS_URL,
   uniqueName,
 } from './support/services.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 
 const CLI = new URL('../dist/cli.js', import.meta.url).pathname;
 
@@ -167,12 +168,7 @@ describe('retrysafe CLI', () => {
         expect(run.code).toBe(2);
         expect(run.stderr).toContain('no table "nope"');
       }
-      const db = new Database(path, { readonly: true });
-      try {
-        expect(db.prepare('SELECT name FROM sqlite_master').pluck().all()).toEqual([]);
-      } finally {
-        db.close();
-      }
+      expect(sqliteRows(path, 'SELECT name FROM sqlite_master')).toEqual([]);
     });
 
     it('migrate --print prints the SQL and touches no database', async () => {

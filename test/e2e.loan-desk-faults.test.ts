@@ -18,6 +18,7 @@ import {
   withLoanDesk,
 } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 
 /**
  * The loan desk under processes, crashes, clocks and broken dependencies: WORKERS=N, kill -9 mid
@@ -120,12 +121,10 @@ describe.each(databases)('loan desk on $name, atomic mode', ({ skip, url }) => {
 /** Rows of the desk's SQLite key table: all of them, or those not (`'loans'`) or only (`'receipts'`) of receipt jobs. */
 function keyRows(desk: LoanDesk, which?: 'loans' | 'receipts'): number {
   const where = which === undefined ? '' : `WHERE scope ${which === 'receipts' ? '=' : '<>'} 'receipts'`;
-  const db = new Database(desk.databaseUrl, { readonly: true });
-  try {
-    return db.prepare(`SELECT count(*) FROM idempotency_keys ${where}`).pluck().get() as number;
-  } finally {
-    db.close();
-  }
+  return sqliteRows<{ n: number }>(
+    desk.databaseUrl,
+    `SELECT count(*) AS n FROM idempotency_keys ${where}`,
+  )[0]!.n;
 }
 
 describe('loan desk on SQLite, lease mode', () => {

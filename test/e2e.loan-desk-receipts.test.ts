@@ -1,10 +1,10 @@
 import { setTimeout as sleep } from 'node:timers/promises';
-import Database from 'better-sqlite3';
 import { Queue } from 'bullmq';
 import pg from 'pg';
 import { describe, expect, it, vi } from 'vitest';
 import { getJson, type LoanDesk, postLoan, startLoanDesk, tempDatabaseUrl } from './support/loan-desk.js';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 
 /**
  * Each new loan's receipt goes through a job (examples/library-loans/receipts.js): an outbox row
@@ -108,17 +108,11 @@ async function receiptsUnderKills(
   }
 }
 
-const sqliteRows = (file: string) => async () => {
-  const db = new Database(file, { readonly: true });
-  try {
-    return db
-      .prepare('SELECT count(r.id) AS n FROM loan l LEFT JOIN receipt r ON r.loan_id = l.id GROUP BY l.id')
-      .all()
-      .map((row) => (row as { n: number }).n);
-  } finally {
-    db.close();
-  }
-};
+const receiptsPerLoan = (file: string) => async () =>
+  sqliteRows<{ n: number }>(
+    file,
+    'SELECT count(r.id) AS n FROM loan l LEFT JOIN receipt r ON r.loan_id = l.id GROUP BY l.id',
+  ).map((row) => row.n);
 
 describe('GET /loans/:id/receipt', () => {
   it('404 for no such loan, 202 pending with Retry-After while its job runs, then 200 with the receipt', async () => {
@@ -192,7 +186,7 @@ describe('GET /loans/:id/receipt', () => {
 describe('loan desk receipts with workers SIGKILLed mid-job', () => {
   it('SQLite outbox: every loan gets exactly one receipt', { timeout: 180_000 }, async () => {
     const file = tempDatabaseUrl('receipts');
-    await receiptsUnderKills('SQLite outbox', { DATABASE_URL: file }, sqliteRows(file));
+    await receiptsUnderKills('SQLite outbox', { DATABASE_URL: file }, receiptsPerLoan(file));
   });
 
   it.skipIf(!hasPostgres)(
@@ -230,7 +224,7 @@ describe('loan desk receipts with workers SIGKILLed mid-job', () => {
         await receiptsUnderKills(
           'SQLite, BullMQ',
           { DATABASE_URL: file, REDIS_URL: `${REDIS_URL}?prefix=${prefix}` },
-          sqliteRows(file),
+          receiptsPerLoan(file),
         );
       } finally {
         const queue = new Queue('receipts', { connection: { url: REDIS_URL }, prefix: `${prefix}bull` });

@@ -2,9 +2,9 @@ import { execFile } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { promisify } from 'node:util';
-import Database from 'better-sqlite3';
 import { describe, expect, it } from 'vitest';
 import { postLoan, ROOT, startLoanDesk, tempDatabaseUrl } from './support/loan-desk.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 
 /** Loan desk settings that change what is kept: the encryption key ring, and the purge command. */
 
@@ -34,12 +34,10 @@ describe('loan desk IDEMPOTENCY_ENCRYPTION_KEY', () => {
     } finally {
       expect(await first.stop()).toBe(0);
     }
-    const db = new Database(databaseUrl, { readonly: true });
-    const bodies = db
-      .prepare("SELECT body FROM idempotency_keys WHERE scope != 'receipts'")
-      .pluck()
-      .all() as Buffer[];
-    db.close();
+    const bodies = sqliteRows<{ body: Buffer }>(
+      databaseUrl,
+      "SELECT body FROM idempotency_keys WHERE scope != 'receipts'",
+    ).map((row) => row.body);
     expect(bodies).toHaveLength(1);
     expect(bodies[0]!.toString('latin1')).not.toContain(before.body.issuedAt);
 

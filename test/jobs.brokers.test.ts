@@ -7,7 +7,6 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { AckPolicy, jetstream, jetstreamManager } from '@nats-io/jetstream';
 import { connect as natsConnect } from '@nats-io/transport-node';
 import amqp from 'amqplib';
-import Database from 'better-sqlite3';
 import { Queue } from 'bullmq';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -21,6 +20,7 @@ import {
   requireService,
   uniqueName,
 } from './support/services.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 
 /**
  * 500 jobs per broker, each one's effect a row written through ctx.tx (`idempotent` in atomic
@@ -65,16 +65,11 @@ async function sqliteDatabase(): Promise<EffectDatabase> {
   return {
     target: `sqlite:${filename}`,
     async counts() {
-      const db = new Database(filename, { readonly: true });
-      try {
-        const rows = db.prepare('SELECT job_id, count(*) AS n FROM effect GROUP BY job_id').all() as Array<{
-          job_id: string;
-          n: number;
-        }>;
-        return new Map(rows.map((row) => [row.job_id, row.n]));
-      } finally {
-        db.close();
-      }
+      const rows = sqliteRows<{ job_id: string; n: number }>(
+        filename,
+        'SELECT job_id, count(*) AS n FROM effect GROUP BY job_id',
+      );
+      return new Map(rows.map((row) => [row.job_id, row.n]));
     },
     cleanup: async () => undefined,
   };

@@ -170,6 +170,33 @@ describe('retrysafe/otel', () => {
     expect(sdk.spans.getFinishedSpans()[0]!.attributes).toEqual({});
   });
 
+  /**
+   * Sends the same operation (`send`) twice, each inside a span of its own (`names`): the first
+   * span is marked executed, the second replayed, both with `key`, and the counter saw one of each.
+   */
+  async function expectExecutedThenReplayed(
+    names: [string, string],
+    key: string,
+    send: () => Promise<unknown>,
+  ): Promise<void> {
+    for (const name of names) {
+      await sdk.tracer.startActiveSpan(name, async (span: Span) => {
+        await send();
+        span.end();
+      });
+    }
+    expect(await sdk.spansAndOutcomes()).toEqual({
+      spans: [
+        [names[0], { 'idempotency.outcome': 'executed', 'idempotency.key': key }],
+        [names[1], { 'idempotency.outcome': 'replayed', 'idempotency.key': key }],
+      ],
+      outcomes: [
+        ['executed', 1],
+        ['replayed', 1],
+      ],
+    });
+  }
+
   it('through the engine: each request marks its own span, and the counter sees both outcomes', async () => {
     const idem = createIdempotency({ store: memoryStore(), onEvent: listener });
     const request = {
@@ -182,42 +209,14 @@ describe('retrysafe/otel', () => {
       raw: {},
     };
     const run = async () => ({ status: 201, headers: {}, body: Buffer.from('{}'), complete: true });
-    for (const name of ['first', 'retry']) {
-      await sdk.tracer.startActiveSpan(name, async (span: Span) => {
-        await idem.handle(request, run);
-        span.end();
-      });
-    }
-    expect(await sdk.spansAndOutcomes()).toEqual({
-      spans: [
-        ['first', { 'idempotency.outcome': 'executed', 'idempotency.key': 'order-9' }],
-        ['retry', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'order-9' }],
-      ],
-      outcomes: [
-        ['executed', 1],
-        ['replayed', 1],
-      ],
-    });
+    await expectExecutedThenReplayed(['first', 'retry'], 'order-9', () => idem.handle(request, run));
   });
 
   it("through idempotent(): each delivery marks its consumer's span, the counter sees both outcomes", async () => {
     const run = idempotent({ store: memoryStore(), key: (job: { id: string }) => job.id, onEvent: listener });
-    for (const name of ['delivery', 'redelivery']) {
-      await sdk.tracer.startActiveSpan(name, async (span: Span) => {
-        await run({ id: 'job-7' }, () => ({ sent: true }));
-        span.end();
-      });
-    }
-    expect(await sdk.spansAndOutcomes()).toEqual({
-      spans: [
-        ['delivery', { 'idempotency.outcome': 'executed', 'idempotency.key': 'job-7' }],
-        ['redelivery', { 'idempotency.outcome': 'replayed', 'idempotency.key': 'job-7' }],
-      ],
-      outcomes: [
-        ['executed', 1],
-        ['replayed', 1],
-      ],
-    });
+    await expectExecutedThenReplayed(['delivery', 'redelivery'], 'job-7', () =>
+      run({ id: 'job-7' }, () => ({ sent: true })),
+    );
     expect((await sdk.points<Histogram>('idempotency.handler.duration'))[0]?.value.count).toBe(1);
   });
 

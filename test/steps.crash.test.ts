@@ -8,6 +8,7 @@ import { Redis } from 'ioredis';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
 import { dropSchemas, hasPostgres, hasRedis, PG_URL, REDIS_URL, uniqueName } from './support/services.js';
+import { sqliteRows } from './support/sqlite-rows.js';
 
 // A payment in three steps, its process SIGKILLed at each step boundary (and inside a step, before
 // its save), then the same request sent again after the lease (or a completer run instead): one
@@ -71,6 +72,12 @@ async function crashThenRetry(kind: Kind, setup: Setup, crash: string, finish: '
 // the phase's writes went with its unsaved result.
 const SQL_CRASHES = ['inside-recorded', 'recorded', 'charged', 'paid', 'inside-charged'];
 
+/** The statuses of the fines of `key` in the SQLite file `filename`. */
+const fineStatuses = (filename: string, key: string) =>
+  sqliteRows<{ status: string }>(filename, 'SELECT status FROM fine WHERE key = ?', key).map(
+    (row) => row.status,
+  );
+
 function describeCrashes(
   kind: Kind,
   crashes: string[],
@@ -102,12 +109,7 @@ describeCrashes(
   SQL_CRASHES,
   async () => ({
     target: sqliteFile,
-    fines: async (key) => {
-      const db = new Database(sqliteFile, { readonly: true });
-      const rows = db.prepare('SELECT status FROM fine WHERE key = ?').all(key) as { status: string }[];
-      db.close();
-      return rows.map((row) => row.status);
-    },
+    fines: async (key) => fineStatuses(sqliteFile, key),
   }),
   async () => undefined,
 );
@@ -138,12 +140,7 @@ describe.skipIf(!hasRedis)('redis', () => {
     ['recorded', 'charged', 'paid', 'inside-charged'],
     async () => ({
       target: prefix,
-      fines: async (key, providerFile) => {
-        const db = new Database(providerFile, { readonly: true });
-        const rows = db.prepare('SELECT status FROM fine WHERE key = ?').all(key) as { status: string }[];
-        db.close();
-        return rows.map((row) => row.status);
-      },
+      fines: async (key, providerFile) => fineStatuses(providerFile, key),
     }),
     async () => {
       const redis = new Redis(REDIS_URL);

@@ -5,6 +5,7 @@ import { Waiters } from '../src/stores/internal.js';
 import { MemoryStoreFullError, memoryStore } from '../src/stores/memory.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
+import { expectWaitWokenBy } from './support/store-calls.js';
 
 describeStoreConformance('memory', async () => ({ store: memoryStore() }));
 describeIdempotentConformance('memory', async () => ({ store: memoryStore() }));
@@ -106,13 +107,7 @@ describe('memoryStore waiters', () => {
   it('close() wakes pending waits', async () => {
     const store = memoryStore();
     await store.claim(input('held'));
-    const events: string[] = [];
-    const waiting = store.wait('tenant', 'held', 120_000).then(() => events.push('woke'));
-    await sleep(20);
-    events.push('closing');
-    await store.close();
-    await waiting;
-    expect(events).toEqual(['closing', 'woke']);
+    await expectWaitWokenBy(store, 'tenant', 'held', () => store.close(), { settleMs: 20 });
   });
 
   it('every waiter leaves the registry when woken or timed out', async () => {

@@ -87,11 +87,21 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     }
   });
 
-  it('answers an atomic replay after one round trip, its transaction left clean for the next user', async () => {
+  /** Runs `test` on a store over a pool of one connection (so every call shares it), then closes both. */
+  async function onOneConnection(test: (own: PostgresStore, pool: pg.Pool) => Promise<void>): Promise<void> {
     const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
     const own = postgresStore({ pool, schema });
-    const work = async () => ({ response: textResponse('once'), commit: true });
     try {
+      await test(own, pool);
+    } finally {
+      await own.close();
+      await pool.end();
+    }
+  }
+
+  it('answers an atomic replay after one round trip, its transaction left clean for the next user', async () => {
+    const work = async () => ({ response: textResponse('once'), commit: true });
+    await onOneConnection(async (own, pool) => {
       expect((await own.atomic(claimInput('one-trip'), work)).outcome).toBe('executed');
       // The pool's one connection, with its answered queries counted.
       const client = await pool.connect();
@@ -123,19 +133,14 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       );
       expect(rows).toEqual([{ own: true }]);
       expect(answered).toBe(3);
-    } finally {
-      await own.close();
-      await pool.end();
-    }
+    });
   });
 
   // What a transaction-mode pooler does: the next transaction lands on a server connection that
   // never saw our SQL-level PREPARE (protocol-level statements it keeps; pg cannot recover those).
   it('prepares its atomic statements again when the connection lost them', async () => {
-    const pool = new pg.Pool({ connectionString: PG_URL, max: 1 });
-    const own = postgresStore({ pool, schema });
     const work = async () => ({ response: textResponse('ok'), commit: true });
-    try {
+    await onOneConnection(async (own, pool) => {
       expect((await own.atomic(claimInput('discard-1'), work)).outcome).toBe('executed');
       const { rows } = await pool.query<{ name: string }>(
         'SELECT name FROM pg_prepared_statements WHERE from_sql',
@@ -144,10 +149,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
       for (const { name } of rows) await pool.query(`DEALLOCATE ${name}`);
       expect((await own.atomic(claimInput('discard-2'), work)).outcome).toBe('executed');
       expect((await own.claim(claimInput('discard-2'))).outcome).toBe('replay');
-    } finally {
-      await own.close();
-      await pool.end();
-    }
+    });
   });
 
   it('stores times from the database clock in milliseconds', async () => {

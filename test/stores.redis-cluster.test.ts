@@ -13,6 +13,7 @@ import {
 } from './support/redis-cluster.js';
 import { uniqueName } from './support/services.js';
 import { onEachWrite } from './support/socket-writes.js';
+import { listAllKeys } from './support/store-calls.js';
 
 /** The local cluster of scripts/redis-cluster.sh: 3 masters, 3 replicas. */
 describe.skipIf(!hasRedisCluster)('redis cluster', () => {
@@ -132,13 +133,7 @@ describe.skipIf(!hasRedisCluster)('redis cluster', () => {
           const [, keys] = await master.scan('0', 'MATCH', `${prefix}*`, 'COUNT', 10_000);
           expect(keys.length).toBeGreaterThan(0);
         }
-        const listed: string[] = [];
-        let after: string | undefined;
-        do {
-          const page = await store.list({ scope: 'tenant', limit: 70, after });
-          listed.push(...page.records.map((record) => record.key));
-          after = page.next ?? undefined;
-        } while (after);
+        const listed = await listAllKeys(store, 'tenant', 70);
         expect(listed.sort()).toEqual(Array.from({ length: 300 }, (_, i) => `k${i}`).sort());
       } finally {
         await store.close();

@@ -9,6 +9,7 @@ import { describeStoreConformance } from './conformance/store-suite.js';
 import { freePort } from './support/free-port.js';
 import { deleteRedisKeys, hasRedis, REDIS_URL, uniqueName } from './support/services.js';
 import { onEachWrite } from './support/socket-writes.js';
+import { listAllKeys } from './support/store-calls.js';
 
 const claimInput = (key: string): ClaimInput => ({
   scope: 's',
@@ -155,13 +156,7 @@ describe.skipIf(!hasRedis)('redis', () => {
       const summary = await store.get('tenant', 'done');
       expect(summary).toMatchObject({ state: 'completed', status: 201, leaseUntilMs: null });
       expect(summary!.expiresAtMs - summary!.createdAtMs).toBeCloseTo(61_000, -3);
-      const listed: string[] = [];
-      let after: string | undefined;
-      do {
-        const page = await store.list({ scope: 'tenant', limit: 50, after });
-        listed.push(...page.records.map((record) => record.key));
-        after = page.next ?? undefined;
-      } while (after);
+      const listed = await listAllKeys(store, 'tenant', 50);
       expect(listed).toContain('done');
     });
 

@@ -24,6 +24,8 @@ import {
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
+import { sqliteRows } from './support/sqlite-rows.js';
+import { expectWaitWokenBy } from './support/store-calls.js';
 
 const dirs: string[] = [];
 function tempFile(name = 'store.db'): string {
@@ -84,15 +86,9 @@ function input(overrides: Partial<ClaimInput> = {}): ClaimInput {
 const response: StoredResponse = { status: 201, headers: {}, body: new Uint8Array([1]) };
 
 function notes(filename: string): string[] {
-  const reader = new Database(filename, { readonly: true });
-  try {
-    return reader
-      .prepare('SELECT text FROM note ORDER BY rowid')
-      .all()
-      .map((row) => (row as { text: string }).text);
-  } finally {
-    reader.close();
-  }
+  return sqliteRows<{ text: string }>(filename, 'SELECT text FROM note ORDER BY rowid').map(
+    (row) => row.text,
+  );
 }
 
 describe.each(DRIVERS)('sqliteStore transactions (%s)', (driver) => {
@@ -263,13 +259,7 @@ describe('sqliteStore setup', () => {
     const store = sqliteStore({ filename: tempFile() });
     const claimInput = input();
     await store.claim(claimInput);
-    const events: string[] = [];
-    const waiting = store.wait(claimInput.scope, claimInput.key, 120_000).then(() => events.push('woke'));
-    await sleep(20);
-    events.push('closing');
-    await store.close();
-    await waiting;
-    expect(events).toEqual(['closing', 'woke']);
+    await expectWaitWokenBy(store, claimInput.scope, claimInput.key, () => store.close(), { settleMs: 20 });
   });
 
   it.each([
@@ -366,13 +356,9 @@ describe('sqliteStore across processes', () => {
     const claimInput = input();
     const claimed = await owner.claim(claimInput);
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
-    const events: string[] = [];
-    const waiting = waiter.wait(claimInput.scope, claimInput.key, 120_000).then(() => events.push('woke'));
-    await sleep(100);
-    events.push('completed');
-    expect(await owner.complete(claimInput.scope, claimInput.key, claimed.token, response)).toBe(true);
-    await waiting;
-    expect(events).toEqual(['completed', 'woke']);
+    await expectWaitWokenBy(waiter, claimInput.scope, claimInput.key, async () =>
+      expect(await owner.complete(claimInput.scope, claimInput.key, claimed.token, response)).toBe(true),
+    );
     expect((await waiter.claim(claimInput)).outcome).toBe('replay');
     await owner.close();
     await waiter.close();

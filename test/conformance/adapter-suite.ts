@@ -1,10 +1,7 @@
 import { randomUUID } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import net from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { gzipSync } from 'node:zlib';
@@ -12,23 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/index.js';
-import { memoryStore } from '../../src/stores/memory.js';
-import { mysqlStore } from '../../src/stores/mysql/index.js';
-import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
-import { redisStore } from '../../src/stores/redis/index.js';
-import { sqliteStore } from '../../src/stores/sqlite/index.js';
-import { hasPgBouncer, startPgBouncer } from '../support/pgbouncer.js';
-import {
-  deleteRedisKeys,
-  dropSchemas,
-  hasMysql,
-  hasPostgres,
-  hasRedis,
-  mysqlDatabase,
-  PG_URL,
-  REDIS_URL,
-  uniqueName,
-} from '../support/services.js';
+import type { StoreFactory } from '../support/store-factories.js';
 
 /**
  * The adapter conformance suite: one list of HTTP scenarios (every row of the HTTP outcomes in docs/reference.md, bad keys,
@@ -102,15 +83,6 @@ export interface RunningApp {
   /** Handler calls by `"<METHOD> <path>"`, path without query. */
   calls: Record<string, number>;
   close(): Promise<void>;
-}
-
-export interface StoreFactory {
-  name: string;
-  /** The store implements `atomic`: the atomic-mode scenarios run too. */
-  atomic?: boolean;
-  /** `false` when the store's database is unreachable here: the block is skipped, loudly (services.ts). */
-  available?: boolean;
-  open(): Promise<{ store: IdempotencyStore; cleanup?: () => Promise<void> }>;
 }
 
 export function countCall(calls: Record<string, number>, method: string, path: string): number {
@@ -457,77 +429,6 @@ const MALFORMED_KEYS: ReadonlyArray<[string, Buffer[]]> = [
   ['a bad sf-string (bad escape)', [Buffer.from('Idempotency-Key: "a\\qb"')]],
   ['a sf-string with parameters', [Buffer.from('Idempotency-Key: "abc";p=1')]],
 ];
-
-export const memory: StoreFactory = { name: 'memory', open: async () => ({ store: memoryStore() }) };
-
-export const sqlite: StoreFactory = {
-  name: 'sqlite',
-  atomic: true,
-  async open() {
-    const dir = mkdtempSync(join(tmpdir(), 'retrysafe-adapter-'));
-    return {
-      store: sqliteStore({ filename: join(dir, 'keys.db') }),
-      cleanup: async () => rmSync(dir, { recursive: true, force: true }),
-    };
-  },
-};
-
-/** A PostgreSQL store in a schema of its own at `url`, dropped by its cleanup. */
-async function openPostgres(url: string, options: Partial<PostgresStoreOptions> = {}) {
-  const schema = uniqueName('rs_adapter');
-  const store = postgresStore({ connectionString: url, schema, ...options });
-  await store.migrate();
-  return { store, cleanup: () => dropSchemas(schema) };
-}
-
-export const postgres: StoreFactory = {
-  name: 'postgres',
-  atomic: true,
-  available: hasPostgres,
-  open: () => openPostgres(PG_URL),
-};
-
-/** The PostgreSQL store through a pgbouncer of its own in transaction pooling mode. */
-export const postgresBehindPgBouncer: StoreFactory = {
-  name: 'postgres behind PgBouncer',
-  atomic: true,
-  available: hasPostgres && hasPgBouncer,
-  async open() {
-    const bouncer = await startPgBouncer({ poolSize: 3 });
-    const { store, cleanup } = await openPostgres(bouncer.url, { pooling: 'transaction' });
-    return {
-      store,
-      async cleanup() {
-        await cleanup();
-        await bouncer.stop();
-      },
-    };
-  },
-};
-
-export const mysql: StoreFactory = {
-  name: 'mysql',
-  atomic: true,
-  available: hasMysql,
-  async open() {
-    const database = await mysqlDatabase();
-    const store = mysqlStore({ uri: database.url });
-    await store.migrate();
-    return { store, cleanup: database.drop };
-  },
-};
-
-export const redis: StoreFactory = {
-  name: 'redis',
-  available: hasRedis,
-  async open() {
-    const prefix = `${uniqueName('rs_adapter')}:`;
-    return {
-      store: redisStore({ url: REDIS_URL, prefix }),
-      cleanup: () => deleteRedisKeys(prefix),
-    };
-  },
-};
 
 /** Runs every scenario against `adapter`, once per store. */
 export function describeAdapterConformance(adapter: AdapterUnderTest, stores: readonly StoreFactory[]): void {

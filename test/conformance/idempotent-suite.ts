@@ -56,6 +56,17 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
       idempotent<Input>({ store, key: (input) => input.id, scope: `s-${randomUUID()}`, ...options });
     const freshId = () => `job-${randomUUID()}`;
 
+    /** A run of a fresh id held open for `heldMs`: another run of that id meanwhile is refused as in progress. */
+    async function expectInProgressWhileHeld(run: ReturnType<typeof runner>, heldMs: number): Promise<void> {
+      const id = freshId();
+      const gate = signal();
+      const first = run({ id }, () => gate.promise.then(() => 'done'));
+      await sleep(heldMs);
+      expect(await codeOf(run({ id }, () => 'twice'))).toBe('request_in_progress');
+      gate.resolve();
+      expect(await first).toBe('done');
+    }
+
     it('runs work once per key and answers every later run with its saved JSON result', async () => {
       await fc.assert(
         fc.asyncProperty(jsonValue, jsonValue, async (data, result) => {
@@ -143,27 +154,15 @@ export function describeIdempotentConformance(name: string, setup: () => Promise
 
     it("answers request_in_progress to a concurrent run with concurrency 'reject', and past `wait`", async () => {
       for (const options of [{ concurrency: 'reject' as const }, { wait: 50 }]) {
-        const run = runner(options);
-        const id = freshId();
-        const gate = signal();
-        const first = run({ id }, () => gate.promise.then(() => 'done'));
-        await sleep(50);
-        expect(await codeOf(run({ id }, () => 'twice'))).toBe('request_in_progress');
-        gate.resolve();
-        expect(await first).toBe('done');
+        await expectInProgressWhileHeld(runner(options), 50);
       }
     });
 
     it('keeps a long work its lease (renewals), so no other run takes the key over', async () => {
       const events: IdempotencyEvent[] = [];
       const run = runner({ lease: 150, concurrency: 'reject', onEvent: (event) => events.push(event) });
-      const id = freshId();
-      const gate = signal();
-      const first = run({ id }, () => gate.promise.then(() => 'done'));
-      await sleep(450);
-      expect(await codeOf(run({ id }, () => 'twice'))).toBe('request_in_progress');
-      gate.resolve();
-      expect(await first).toBe('done');
+      // Held for three leases.
+      await expectInProgressWhileHeld(run, 450);
       expect(events.some((event) => event.type === 'lease_renewed')).toBe(true);
     });
 

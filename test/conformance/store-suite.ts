@@ -17,6 +17,7 @@ import {
   type SavedStep,
   type StoredResponse,
 } from '../../src/core/contract/index.js';
+import { expectWaitWokenBy } from '../support/store-calls.js';
 import { describeLeaseRenewal } from './lease-suite.js';
 
 /**
@@ -357,13 +358,10 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       async function expectWokenBy(change: (input: ClaimInput, token: string) => Promise<unknown>) {
         const input = fresh();
         const token = await acquire(input);
-        const events: string[] = [];
-        const waiting = store.wait(input.scope, input.key, NEVER_MS).then(() => events.push('woke'));
-        await sleep(SHORT_MS);
-        events.push('changed');
-        await change(input, token);
-        await waiting;
-        expect(events).toEqual(['changed', 'woke']);
+        await expectWaitWokenBy(store, input.scope, input.key, () => change(input, token), {
+          settleMs: SHORT_MS,
+          timeoutMs: NEVER_MS,
+        });
       }
 
       it(
@@ -626,13 +624,13 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
       it('delete wakes a wait on the record', async () => {
         const input = fresh();
         await acquire(input);
-        const events: string[] = [];
-        const waiting = store.wait(input.scope, input.key, 120_000).then(() => events.push('woke'));
-        await sleep(SHORT_MS);
-        events.push('deleted');
-        expect(await store.delete(input.scope, input.key)).toBe(true);
-        await waiting;
-        expect(events).toEqual(['deleted', 'woke']);
+        await expectWaitWokenBy(
+          store,
+          input.scope,
+          input.key,
+          async () => expect(await store.delete(input.scope, input.key)).toBe(true),
+          { settleMs: SHORT_MS },
+        );
       }, 15_000);
 
       it('rejects a bad limit or a cursor it did not make', async () => {

@@ -5,6 +5,7 @@ import type { ClaimInput, StoredResponse } from '../../src/core/contract/index.j
 import { type PostgresStore, postgresStore } from '../../src/stores/postgres/index.js';
 import { databaseUp, pgctl } from '../support/postgres-cluster.js';
 import { hasPostgres, PG_URL, uniqueName } from '../support/services.js';
+import { expectWaitWokenBy } from '../support/store-calls.js';
 
 /** The bound on "promptly" this test holds every store call to while the database is down. */
 const HANG_BOUND_MS = 5000;
@@ -114,12 +115,12 @@ describe.skipIf(!hasPostgres)('postgres store while the cluster restarts', () =>
     const after = input();
     const claimed = await store.claim(after);
     if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
-    const events: string[] = [];
-    const waiting = store.wait(after.scope, after.key, 60_000).then(() => events.push('woke'));
-    await sleep(100);
-    events.push('completed');
-    expect(await store.complete(after.scope, after.key, claimed.token, response)).toBe(true);
-    await waiting;
-    expect(events).toEqual(['completed', 'woke']);
+    await expectWaitWokenBy(
+      store,
+      after.scope,
+      after.key,
+      async () => expect(await store.complete(after.scope, after.key, claimed.token, response)).toBe(true),
+      { timeoutMs: 60_000 },
+    );
   });
 });

@@ -23,7 +23,7 @@ import { IdempotencyCtx, Idempotent, type NestRequest, RetrysafeModule } from '.
 import type { IdempotencyStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { describeAdapterConformance, memory, postgres, redis, sqlite } from '../conformance/adapter-suite.js';
+import { describeAdapterConformance } from '../conformance/adapter-suite.js';
 import {
   controller,
   nestAdapter,
@@ -32,6 +32,7 @@ import {
   startNest,
   urlOf,
 } from './nest-harness.js';
+import { memory, postgres, redis, sqlite } from './store-factories.js';
 
 /** One Nest major's tests, on each platform: the conformance suite on every kind of store, then the specifics. */
 export function describeNest(major: string): void {

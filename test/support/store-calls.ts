@@ -1,4 +1,6 @@
-import type { ClaimInput, StoredResponse } from '../../src/core/contract/index.js';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { expect } from 'vitest';
+import type { ClaimInput, IdempotencyStore, StoredResponse } from '../../src/core/contract/index.js';
 
 /** A claim of `key` in scope `s`: a 10 s lease unless given, and a minute's retention. */
 export function claimInput(key: string, fingerprint = 'f1', leaseMs = 10_000): ClaimInput {
@@ -8,4 +10,37 @@ export function claimInput(key: string, fingerprint = 'f1', leaseMs = 10_000): C
 /** A `text/plain` answer of `text` to complete a claim with. */
 export function textResponse(text: string, status = 201): StoredResponse {
   return { status, headers: { 'content-type': 'text/plain' }, body: new TextEncoder().encode(text) };
+}
+
+/** Every key `store.list` shows in `scope`, read page by page (`limit` records a page). */
+export async function listAllKeys(store: IdempotencyStore, scope: string, limit: number): Promise<string[]> {
+  const keys: string[] = [];
+  let after: string | undefined;
+  do {
+    const page = await store.list({ scope, limit, after });
+    keys.push(...page.records.map((record) => record.key));
+    after = page.next ?? undefined;
+  } while (after);
+  return keys;
+}
+
+/**
+ * Starts a wait on `(scope, key)` of `store`, gives it `settleMs` to settle in, then runs `change`:
+ * the wait must return after the change, not before it, nor only at its `timeoutMs` (which lies
+ * beyond the test's own timeout).
+ */
+export async function expectWaitWokenBy(
+  store: IdempotencyStore,
+  scope: string,
+  key: string,
+  change: () => Promise<unknown>,
+  { settleMs = 100, timeoutMs = 120_000 } = {},
+): Promise<void> {
+  const events: string[] = [];
+  const waiting = store.wait(scope, key, timeoutMs).then(() => events.push('woke'));
+  await sleep(settleMs);
+  events.push('changed');
+  await change();
+  await waiting;
+  expect(events).toEqual(['changed', 'woke']);
 }

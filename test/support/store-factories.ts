@@ -1,0 +1,106 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { IdempotencyStore } from '../../src/core/contract/index.js';
+import { memoryStore } from '../../src/stores/memory.js';
+import { mysqlStore } from '../../src/stores/mysql/index.js';
+import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
+import { redisStore } from '../../src/stores/redis/index.js';
+import { sqliteStore } from '../../src/stores/sqlite/index.js';
+import { hasPgBouncer, startPgBouncer } from './pgbouncer.js';
+import {
+  deleteRedisKeys,
+  dropSchemas,
+  hasMysql,
+  hasPostgres,
+  hasRedis,
+  mysqlDatabase,
+  PG_URL,
+  REDIS_URL,
+  uniqueName,
+} from './services.js';
+
+/**
+ * A store to run tests against, one of each kind below: `open` makes a new one on data of its
+ * own (a temp file, a schema, a database, a key prefix), which `cleanup` removes after the caller
+ * closed the store.
+ */
+export interface StoreFactory {
+  name: string;
+  /** The store implements `atomic`: the atomic-mode scenarios run too. */
+  atomic?: boolean;
+  /** `false` when the store's database is unreachable here: the block is skipped, loudly (services.ts). */
+  available?: boolean;
+  open(): Promise<{ store: IdempotencyStore; cleanup?: () => Promise<void> }>;
+}
+
+export const memory: StoreFactory = { name: 'memory', open: async () => ({ store: memoryStore() }) };
+
+export const sqlite: StoreFactory = {
+  name: 'sqlite',
+  atomic: true,
+  async open() {
+    const dir = mkdtempSync(join(tmpdir(), 'retrysafe-adapter-'));
+    return {
+      store: sqliteStore({ filename: join(dir, 'keys.db') }),
+      cleanup: async () => rmSync(dir, { recursive: true, force: true }),
+    };
+  },
+};
+
+/** A PostgreSQL store in a schema of its own at `url`, dropped by its cleanup. */
+async function openPostgres(url: string, options: Partial<PostgresStoreOptions> = {}) {
+  const schema = uniqueName('rs_adapter');
+  const store = postgresStore({ connectionString: url, schema, ...options });
+  await store.migrate();
+  return { store, cleanup: () => dropSchemas(schema) };
+}
+
+export const postgres: StoreFactory = {
+  name: 'postgres',
+  atomic: true,
+  available: hasPostgres,
+  open: () => openPostgres(PG_URL),
+};
+
+/** The PostgreSQL store through a pgbouncer of its own in transaction pooling mode. */
+export const postgresBehindPgBouncer: StoreFactory = {
+  name: 'postgres behind PgBouncer',
+  atomic: true,
+  available: hasPostgres && hasPgBouncer,
+  async open() {
+    const bouncer = await startPgBouncer({ poolSize: 3 });
+    const { store, cleanup } = await openPostgres(bouncer.url, { pooling: 'transaction' });
+    return {
+      store,
+      async cleanup() {
+        await cleanup();
+        await bouncer.stop();
+      },
+    };
+  },
+};
+
+export const mysql: StoreFactory = {
+  name: 'mysql',
+  atomic: true,
+  available: hasMysql,
+  async open() {
+    const database = await mysqlDatabase();
+    const store = mysqlStore({ uri: database.url });
+    await store.migrate();
+    return { store, cleanup: database.drop };
+  },
+};
+
+export const redis: StoreFactory = {
+  name: 'redis',
+  available: hasRedis,
+  async open() {
+    const prefix = `${uniqueName('rs_adapter')}:`;
+    return {
+      store: redisStore({ url: REDIS_URL, prefix }),
+      cleanup: () => deleteRedisKeys(prefix),
+    };
+  },
+};
