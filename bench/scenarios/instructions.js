@@ -134,9 +134,25 @@ async function turnsPerRequest(ctx, start, paths, { warmup, count }) {
   }
 }
 
+/**
+ * The contenders `--contenders id[:path…],…` names, each on the paths named after it (all of its
+ * own when none is), so one count takes a minute; all of them without the flag.
+ */
+function chosen(specs, all) {
+  if (!specs) return all;
+  return specs.map((spec) => {
+    const [id, ...paths] = spec.split(':');
+    const contender = all.find((c) => c.id === id);
+    if (!contender) throw new Error(`--contenders: unknown "${id}" (${all.map((c) => c.id).join(', ')})`);
+    return paths.length === 0
+      ? contender
+      : { ...contender, paths: contender.paths.filter((p) => paths.includes(p)) };
+  });
+}
+
 export async function run(ctx) {
   const sizes = ctx.quick ? { warmup: 100, count: 100 } : { warmup: 1000, count: 500 };
-  const contenders = [
+  const contenders = chosen(ctx.contenders, [
     ...PAIRS.map(({ variant }) => {
       const v = VARIANTS.find((x) => x.id === variant);
       return {
@@ -153,7 +169,7 @@ export async function run(ctx) {
       paths: floor === 'cheapest' ? ['keyless'] : ['fresh', 'replay'],
       start: (options) => startFloor(ctx, floor, options),
     })),
-  ];
+  ]);
   // Without valgrind the turns are still counted; the instruction columns say why they are empty.
   const valgrind = await execFile$('valgrind', ['--version']).then(
     () => true,
@@ -187,23 +203,25 @@ export async function run(ctx) {
   });
   const targets = [];
   const ratioRows = [];
+  // A `--contenders` run may lack a path or a floor: its ratios are left empty.
+  const ratio = (a, b) => round2(a / b) ?? '—';
   for (const { variant, floor } of PAIRS) {
     const desk = measured[variant];
     const base = floor && measured[`floor-${floor}`];
     const cheapest = measured['floor-cheapest'];
     if (!desk?.instructions) continue;
-    const keyedOverKeyless = desk.instructions.fresh - desk.instructions.keyless;
-    const row = [
+    const freshInstr = ratio(desk.instructions.fresh, base?.instructions?.fresh);
+    const freshReactions = ratio(desk.turns.fresh?.reactions, base?.turns?.fresh?.reactions);
+    ratioRows.push([
       variant,
       floor ?? '—',
-      base?.instructions ? round2(desk.instructions.fresh / base.instructions.fresh) : '—',
-      base?.turns ? round2(desk.turns.fresh.reactions / base.turns.fresh.reactions) : '—',
-      base?.instructions ? round2(desk.instructions.replay / base.instructions.replay) : '—',
-      cheapest?.instructions ? round2(desk.instructions.replay / cheapest.instructions.keyless) : '—',
-      k(keyedOverKeyless),
-    ];
-    ratioRows.push(row);
-    if (base?.instructions) {
+      freshInstr,
+      freshReactions,
+      ratio(desk.instructions.replay, base?.instructions?.replay),
+      ratio(desk.instructions.replay, cheapest?.instructions?.keyless),
+      k(desk.instructions.fresh - desk.instructions.keyless),
+    ]);
+    if (freshInstr !== '—') {
       targets.push(
         informational(
           `instructions: ${variant} fresh key, desk ÷ floor (${floor})`,
