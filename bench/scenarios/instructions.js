@@ -95,11 +95,14 @@ async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) 
   const pid = server.child.pid;
   const load = driver(server.url, ctx.runId);
   try {
-    for (const kind of paths) await load.send(kind, warmup);
-    await callgrindControl('--instr=on', pid);
     const perRequest = {};
     const allThreads = {};
+    // Each path is warmed just before it is counted: counted after the other paths' warm-ups, a
+    // replay cost two thirds more (V8 deoptimised and recompiled code the last path had shaped).
     for (const kind of paths) {
+      await callgrindControl('--instr=off', pid);
+      await load.send(kind, warmup);
+      await callgrindControl('--instr=on', pid);
       await callgrindControl('--zero', pid);
       await load.send(kind, count);
       await callgrindControl('--dump', pid);
