@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --only <scenario>[,<scenario>]] [-- --profile]
+// npm run bench [-- --quick] [-- --only <scenario>[,<scenario>]] [-- --contenders <id>[,<id>]] [-- --profile]
 // Drives real servers on loopback with autocannon and writes bench/results/<date>.{json,md}.
 import { execFileSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
@@ -27,6 +27,7 @@ const { values: flags } = parseArgs({
   options: {
     quick: { type: 'boolean', default: false },
     only: { type: 'string' },
+    contenders: { type: 'string' },
     profile: { type: 'boolean', default: false },
     help: { type: 'boolean', short: 'h', default: false },
   },
@@ -35,6 +36,8 @@ if (flags.help) {
   console.log(`usage: npm run bench -- [--quick] [--only ${SCENARIOS.join(',')}] [--profile]
   --quick    one short round per contender and small store sizes (about 70 s on 2 cores)
   --only     run only the named scenarios (comma-separated)
+  --contenders  instructions: count only these servers (sqlite-atomic, floor-cheapest, …), and only
+             the paths named after a colon (sqlite-atomic:fresh:replay): one count in a minute
   --profile  start retrysafe servers with --cpu-prof (profiles in bench/profiles/)`);
   process.exit(0);
 }
@@ -66,6 +69,7 @@ const ctx = {
   runId,
   tmpDir,
   profileDir: flags.profile ? path.join(here, 'profiles') : undefined,
+  contenders: flags.contenders?.split(',').map((s) => s.trim()),
   log: (line) => console.log(line),
 };
 
@@ -88,6 +92,7 @@ const results = {
     warmupS: ctx.warmupS,
     connections: CONNECTIONS,
     only: flags.only ? selected : undefined,
+    contenders: ctx.contenders,
   },
   scenarios: {},
 };
@@ -124,6 +129,7 @@ console.log(`\nwrote ${written.json} and ${written.md} in ${Math.round(results.t
 if (
   !flags.quick &&
   !flags.only &&
+  !flags.contenders &&
   (await embedInPage(markdown(results), path.join(here, '..', 'docs', 'benchmarks.md')))
 ) {
   console.log('updated the benchmarks section of docs/benchmarks.md');

@@ -56,12 +56,12 @@ export function markdown(results) {
  * quick or partial run writes under `local/` (not committed), so it never replaces those.
  */
 export async function writeResults(results, dir) {
-  const { quick, only } = results.settings;
-  const complete = !quick && !only;
+  const { quick, only, contenders } = results.settings;
+  const complete = !quick && !only && !contenders;
   const target = complete ? dir : path.join(dir, 'local');
   await mkdir(target, { recursive: true });
   const md = markdown(results);
-  const suffix = `${quick ? '-quick' : ''}${only ? `-${only.join('-')}` : ''}`;
+  const suffix = `${quick ? '-quick' : ''}${only ? `-${only.join('-')}` : ''}${contenders ? '-some' : ''}`;
   const base = path.join(target, `${results.date}${suffix}`);
   await writeFile(`${base}.json`, `${JSON.stringify(results, null, 2)}\n`);
   await writeFile(`${base}.md`, md);

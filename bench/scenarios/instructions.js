@@ -10,9 +10,12 @@ import { informational, round2 } from '../lib/measure.js';
 /**
  * CPU instructions and promise turns per request, for the loan desk and its hand-written floors
  * on the same requests: counts, not times, so they do not move with the load of a shared machine.
- * Instructions are counted by valgrind's callgrind in the server process (every thread: JIT and
- * GC helpers included; the database or Redis server's own work is not), between a zeroing and a
- * dump taken around N sequential requests on one keep-alive connection after a warm-up. Promise
+ * Instructions are counted by valgrind's callgrind in the server process's main thread, where
+ * requests run (the database or Redis server's own work is not counted), between a zeroing and a
+ * dump taken around N sequential requests on one keep-alive connection after a warm-up. V8's
+ * helper threads (TurboFan compiling, concurrent GC) are left out of that figure: their share
+ * moved by a third between two runs of the same code, with the timing of compilation; the main
+ * thread's count repeated within 0.1 %. The raw results keep every thread's total too. Promise
  * turns come from a second run of each server, not under valgrind, with `lib/turn-counter.js`
  * preloaded.
  */
@@ -75,23 +78,39 @@ function driver(url, runId) {
 /** Instructions (callgrind) per request of each path, for one server started by `start`. */
 async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) {
   const dir = path.join(ctx.tmpDir, `callgrind-${id}`);
+  // Instrumentation starts after the warm-up: uninstrumented, valgrind runs it several times
+  // faster, so the warm-up can be long enough for V8 to have compiled the request path (counted
+  // after 100 requests, a third of a desk request's instructions were TurboFan compiling it).
   const server = await start({
     execPath: 'valgrind',
-    execArgv: ['--tool=callgrind', `--callgrind-out-file=${dir}-%p`, process.execPath],
+    execArgv: [
+      '--tool=callgrind',
+      '--instr-atstart=no',
+      '--separate-threads=yes',
+      `--callgrind-out-file=${dir}-%p`,
+      process.execPath,
+    ],
     startTimeoutMs: 300_000,
   });
   const pid = server.child.pid;
   const load = driver(server.url, ctx.runId);
   try {
-    for (const kind of paths) await load.send(kind, warmup);
     const perRequest = {};
+    const allThreads = {};
+    // Each path is warmed just before it is counted: counted after the other paths' warm-ups, a
+    // replay cost two thirds more (V8 deoptimised and recompiled code the last path had shaped).
     for (const kind of paths) {
+      await callgrindControl('--instr=off', pid);
+      await load.send(kind, warmup);
+      await callgrindControl('--instr=on', pid);
       await callgrindControl('--zero', pid);
       await load.send(kind, count);
       await callgrindControl('--dump', pid);
-      perRequest[kind] = (await lastDumpTotal(ctx.tmpDir, `callgrind-${id}-${pid}.`)) / count;
+      const totals = await lastDumpTotals(ctx.tmpDir, `callgrind-${id}-${pid}.`);
+      perRequest[kind] = totals.main / count;
+      allThreads[kind] = totals.all / count;
     }
-    return perRequest;
+    return { perRequest, allThreads };
   } finally {
     load.close();
     await server.stop();
@@ -101,14 +120,23 @@ async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) 
   }
 }
 
-/** The `summary:` of the newest numbered dump `<prefix>N`. */
-async function lastDumpTotal(dir, prefix) {
+/**
+ * The `summary:` totals of the newest dump `<prefix>N`, written one file per thread
+ * (`<prefix>N-TT`, the main thread's `-01`): the main thread's, and all threads' together.
+ */
+async function lastDumpTotals(dir, prefix) {
   const dumps = (await readdir(dir)).filter((f) => f.startsWith(prefix));
-  const newest = dumps.sort((a, b) => Number(a.slice(prefix.length)) - Number(b.slice(prefix.length))).at(-1);
-  const text = await readFile(path.join(dir, newest), 'utf8');
-  const match = /^summary: (\d+)/m.exec(text);
-  if (!match) throw new Error(`${newest}: no summary line`);
-  return Number(match[1]);
+  const dumpNumber = (file) => Number(file.slice(prefix.length).split('-')[0]);
+  const newest = Math.max(...dumps.map(dumpNumber));
+  const totals = { main: Number.NaN, all: 0 };
+  for (const file of dumps.filter((f) => dumpNumber(f) === newest)) {
+    const text = await readFile(path.join(dir, file), 'utf8');
+    const match = /^summary: (\d+)/m.exec(text);
+    if (!match) throw new Error(`${file}: no summary line`);
+    totals.all += Number(match[1]);
+    if (file.endsWith('-01')) totals.main = Number(match[1]);
+  }
+  return totals;
 }
 
 /** Promises and reaction jobs per request of each path (the server preloads turn-counter.js). */
@@ -134,9 +162,27 @@ async function turnsPerRequest(ctx, start, paths, { warmup, count }) {
   }
 }
 
+/**
+ * The contenders `--contenders id[:path…],…` names, each on the paths named after it (all of its
+ * own when none is), so one count takes a minute; all of them without the flag.
+ */
+function chosen(specs, all) {
+  if (!specs) return all;
+  return specs.map((spec) => {
+    const [id, ...paths] = spec.split(':');
+    const contender = all.find((c) => c.id === id);
+    if (!contender) throw new Error(`--contenders: unknown "${id}" (${all.map((c) => c.id).join(', ')})`);
+    return paths.length === 0
+      ? contender
+      : { ...contender, paths: contender.paths.filter((p) => paths.includes(p)) };
+  });
+}
+
 export async function run(ctx) {
-  const sizes = ctx.quick ? { warmup: 100, count: 100 } : { warmup: 1000, count: 500 };
-  const contenders = [
+  // A desk's fresh key counted 476k main-thread instructions after 2,000 warm-up requests and 459k
+  // after 6,000, when V8's helper threads had stopped compiling (7k a request left on them).
+  const sizes = ctx.quick ? { warmup: 3000, count: 200 } : { warmup: 6000, count: 500 };
+  const contenders = chosen(ctx.contenders, [
     ...PAIRS.map(({ variant }) => {
       const v = VARIANTS.find((x) => x.id === variant);
       return {
@@ -153,7 +199,7 @@ export async function run(ctx) {
       paths: floor === 'cheapest' ? ['keyless'] : ['fresh', 'replay'],
       start: (options) => startFloor(ctx, floor, options),
     })),
-  ];
+  ]);
   // Without valgrind the turns are still counted; the instruction columns say why they are empty.
   const valgrind = await execFile$('valgrind', ['--version']).then(
     () => true,
@@ -165,11 +211,13 @@ export async function run(ctx) {
     try {
       const turns = await turnsPerRequest(ctx, c.start, c.paths, sizes);
       ctx.log(`  ${c.id} turns ${JSON.stringify(turns)}`);
-      const instructions = valgrind
+      const { perRequest: instructions, allThreads } = valgrind
         ? await instructionsPerRequest(ctx, c.id, c.start, c.paths, sizes)
-        : Object.fromEntries(c.paths.map((kind) => [kind, Number.NaN]));
-      ctx.log(`  ${c.id} instructions ${JSON.stringify(instructions)}`);
-      measured[c.id] = { turns, instructions };
+        : { perRequest: Object.fromEntries(c.paths.map((kind) => [kind, Number.NaN])) };
+      ctx.log(
+        `  ${c.id} instructions ${JSON.stringify(instructions)} (all threads ${JSON.stringify(allThreads)})`,
+      );
+      measured[c.id] = { turns, instructions, allThreadsInstructions: allThreads };
     } catch (error) {
       measured[c.id] = { error: error.message };
       ctx.log(`  ${c.id} unavailable: ${error.message}`);
@@ -187,23 +235,25 @@ export async function run(ctx) {
   });
   const targets = [];
   const ratioRows = [];
+  // A `--contenders` run may lack a path or a floor: its ratios are left empty.
+  const ratio = (a, b) => round2(a / b) ?? '—';
   for (const { variant, floor } of PAIRS) {
     const desk = measured[variant];
     const base = floor && measured[`floor-${floor}`];
     const cheapest = measured['floor-cheapest'];
     if (!desk?.instructions) continue;
-    const keyedOverKeyless = desk.instructions.fresh - desk.instructions.keyless;
-    const row = [
+    const freshInstr = ratio(desk.instructions.fresh, base?.instructions?.fresh);
+    const freshReactions = ratio(desk.turns.fresh?.reactions, base?.turns?.fresh?.reactions);
+    ratioRows.push([
       variant,
       floor ?? '—',
-      base?.instructions ? round2(desk.instructions.fresh / base.instructions.fresh) : '—',
-      base?.turns ? round2(desk.turns.fresh.reactions / base.turns.fresh.reactions) : '—',
-      base?.instructions ? round2(desk.instructions.replay / base.instructions.replay) : '—',
-      cheapest?.instructions ? round2(desk.instructions.replay / cheapest.instructions.keyless) : '—',
-      k(keyedOverKeyless),
-    ];
-    ratioRows.push(row);
-    if (base?.instructions) {
+      freshInstr,
+      freshReactions,
+      ratio(desk.instructions.replay, base?.instructions?.replay),
+      ratio(desk.instructions.replay, cheapest?.instructions?.keyless),
+      k(desk.instructions.fresh - desk.instructions.keyless),
+    ]);
+    if (freshInstr !== '—') {
       targets.push(
         informational(
           `instructions: ${variant} fresh key, desk ÷ floor (${floor})`,
@@ -239,7 +289,7 @@ export async function run(ctx) {
       },
     ],
     notes: [
-      `${sizes.count} sequential requests per path on one keep-alive connection after ${sizes.warmup} of each path; counts are per request, in the server process only (the database's and Redis's own work is not in them).`,
+      `${sizes.count} sequential requests per path on one keep-alive connection after ${sizes.warmup} of each path; instructions are per request in the server process's main thread (V8's compiler and GC threads, and the database's and Redis's own work, are not in them).`,
       'The desk answers through its own app (catalog checks, loan INSERT, JSON); the floors through the least hand-written code with the same guarantee (bench/servers/floor.js).',
     ],
     targets,

@@ -11,12 +11,22 @@ import { answerReceipt, startReceipts } from './receipts.js';
 import { databaseUnavailable, sendJson as send, sendFound } from './respond.js';
 import { webRoutes } from './web.js';
 
-const DATE = /^\d{4}-\d{2}-\d{2}$/;
+const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
+const DAYS_IN_MONTH = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
 const LOAN_SHAPE = '{"member", "isbn", "issuedAt"}';
 
-// Date.parse accepts 2026-02-31 (as March 3rd); a real calendar date survives the round trip.
-const isCalendarDate = (text) =>
-  DATE.test(text) && !Number.isNaN(Date.parse(text)) && new Date(text).toISOString().startsWith(text);
+/**
+ * Whether `text` is a real date of the (proleptic Gregorian) calendar, like "2026-03-10". Date.parse
+ * would take 2026-02-31 as March 3rd; counting the month's days also costs a fraction of parsing.
+ */
+function isCalendarDate(text) {
+  const parts = DATE.exec(text);
+  if (!parts) return false;
+  const [year, month, day] = [Number(parts[1]), Number(parts[2]), Number(parts[3])];
+  const leap = year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0);
+  const days = month === 2 && leap ? 29 : DAYS_IN_MONTH[month - 1];
+  return days !== undefined && day >= 1 && day <= days;
+}
 
 /**
  * The caller's credential names its key scope: two callers sending the same key string name two

@@ -155,10 +155,22 @@ async function openTables(store, reader, { setup, now }) {
   const allBooks = reader.prepare('SELECT isbn, title, author FROM book ORDER BY isbn');
   const allMembers = reader.prepare('SELECT id, name FROM member ORDER BY id');
 
-  /** See postgres.js: an intent holds its loan for `intentTtlMs`, then names a new one. */
+  /**
+   * The loan's foreign keys check the catalog in its INSERT (the connection enforces them): only a
+   * refused loan asks which reference is missing, so a loan runs two statements fewer.
+   */
   function lend(loan, intent = null, intentTtlMs = DEFAULT_INTENT_TTL_MS) {
-    if (!bookExists.get(loan.isbn)) return { missing: 'isbn' };
-    if (!memberExists.get(loan.member)) return { missing: 'member' };
+    try {
+      return lendChecked(loan, intent, intentTtlMs);
+    } catch (error) {
+      if (!bookExists.get(loan.isbn)) return { missing: 'isbn' };
+      if (!memberExists.get(loan.member)) return { missing: 'member' };
+      throw error;
+    }
+  }
+
+  /** See postgres.js: an intent holds its loan for `intentTtlMs`, then names a new one. */
+  function lendChecked(loan, intent, intentTtlMs) {
     const nowMs = clock();
     const until = intent === null ? null : nowMs + intentTtlMs;
     const row = { member: loan.member, isbn: loan.isbn, issuedAt: loan.issuedAt, intent, until };
