@@ -29,7 +29,8 @@ function depthOf(value: unknown): number {
 }
 
 // Keys and strings that order or escape unlike plain ASCII: array-index-like keys (which objects
-// enumerate first), keys inherited names, astral characters, lone surrogates, control characters.
+// enumerate first), keys inherited names, astral characters, lone surrogates, control characters,
+// quotes and backslashes.
 const awkward = fc.oneof(
   fc.constantFrom(
     '__proto__',
@@ -45,6 +46,8 @@ const awkward = fc.oneof(
     '😀',
     '\ud800',
     '\u001f',
+    'say "hi"',
+    'C:\\temp',
     '',
   ),
   fc.string({ unit: 'binary', maxLength: 6 }),

@@ -11,7 +11,7 @@ const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
 describe('loan desk: POST /loans body', () => {
   const issuedAt = (date: string) => {
     const { loan, problem } = parseLoan(Buffer.from(JSON.stringify({ ...LOAN, issuedAt: date })));
-    return loan ? 'lent' : problem.field;
+    return loan ? 'lent' : (problem as { field?: string }).field;
   };
 
   it('takes calendar dates, leap days of leap years included', () => {

@@ -1,48 +1,16 @@
-import {
-  InMemoryMetricExporter,
-  MeterProvider,
-  PeriodicExportingMetricReader,
-} from '@opentelemetry/sdk-metrics';
 import { idempotency } from 'retrysafe/node';
 import { idempotencyTelemetry } from 'retrysafe/otel';
-import { exchange } from '../lib/exchange.js';
+import { contenders as engineContenders, exchange, SLICE } from '../lib/engine-exchange.js';
 import { median } from '../lib/load.js';
 import { round2, target } from '../lib/measure.js';
 
 /**
  * µs per keyed request that the engine and the node adapter add over the bare handler, with a
- * store that answers at once (so no database is measured): the handlers run in this process on
- * real IncomingMessage/ServerResponse objects whose socket discards what is written. Two more
- * guarded handlers measure what listening costs: one with an `onEvent` that counts events by type,
- * one with `retrysafe/otel` on the OpenTelemetry SDK's meter provider (in memory; its reader never
- * exports during the run).
+ * store that answers at once (so no database is measured): the handlers (lib/engine-exchange.js)
+ * run in this process on real IncomingMessage/ServerResponse objects whose socket discards what
+ * is written. Two more guarded handlers measure what listening costs: one with an `onEvent` that
+ * counts events by type, one with `retrysafe/otel` on the OpenTelemetry SDK's meter provider.
  */
-const noopStore = {
-  name: 'noop',
-  claim: async () => ({ outcome: 'acquired', token: 't' }),
-  complete: async () => true,
-  release: async () => true,
-  renew: async () => true,
-  wait: async () => undefined,
-  purgeExpired: async () => 0,
-  close: async () => undefined,
-};
-
-const BODY = Buffer.from(JSON.stringify({ member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' }));
-const ANSWER = JSON.stringify({ id: 1, member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' });
-
-function handler(_req, res) {
-  res.writeHead(201, { 'content-type': 'application/json; charset=utf-8', location: '/loans/1' });
-  res.end(ANSWER);
-}
-
-/** Reads the body as the adapter does, so the bare run pays for it too. */
-function bareHandler(req, res) {
-  const chunks = [];
-  req.on('data', (chunk) => chunks.push(chunk));
-  req.on('end', () => handler(req, res));
-}
-
 /**
  * µs of this process's CPU time (user + system, every thread: GC helpers included) per request.
  * Nothing here waits on I/O or timers, so on a quiet machine this is the wall time; on a busy one
@@ -51,16 +19,10 @@ function bareHandler(req, res) {
  */
 async function timePerRequest(serve, count, tag) {
   const started = process.cpuUsage();
-  for (let i = 0; i < count; i++) await exchange(serve, `${tag}-${i}`, BODY);
+  for (let i = 0; i < count; i++) await exchange(serve, `${tag}-${i}`);
   const { user, system } = process.cpuUsage(started);
   return (user + system) / count;
 }
-
-/**
- * Requests per slice of a round. The contenders take turns slice by slice, so a burst of load
- * from the rest of a shared machine (or a GC pause) lands on all of them rather than on one.
- */
-const SLICE = 250;
 
 /** One round: `count` requests per contender, interleaved in slices; µs per request of each slice. */
 async function interleavedRound(contenders, count, round) {
@@ -78,26 +40,7 @@ async function interleavedRound(contenders, count, round) {
 const mean = (values) => values.reduce((sum, v) => sum + v, 0) / values.length;
 
 export async function run(ctx) {
-  const counts = {};
-  const meterProvider = new MeterProvider({
-    readers: [
-      new PeriodicExportingMetricReader({
-        exporter: new InMemoryMetricExporter(),
-        exportIntervalMillis: 3_600_000,
-      }),
-    ],
-  });
-  const contenders = {
-    bare: bareHandler,
-    keyed: idempotency({ store: noopStore })(handler),
-    events: idempotency({
-      store: noopStore,
-      onEvent: (event) => {
-        counts[event.type] = (counts[event.type] ?? 0) + 1;
-      },
-    })(handler),
-    otel: idempotency({ store: noopStore, onEvent: idempotencyTelemetry({ meterProvider }) })(handler),
-  };
+  const contenders = engineContenders({ idempotency, idempotencyTelemetry });
   const names = Object.keys(contenders);
   const count = ctx.quick ? 5_000 : 20_000;
   // Slices spread widely (a quarter of them 10 % or more over the median on a shared machine):

@@ -52,9 +52,11 @@ export function readBody(
         reject(engine.bodyTooLarge());
       } else chunks.push(chunk);
     });
-    req.once('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
-    req.once('error', reject);
-    req.once('aborted', () => reject(new Error('request aborted')));
+    // `on`, not `once`: a stream emits each of these at most once, and a `once` listener costs a
+    // wrapper and its removal.
+    req.on('end', () => resolve(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks)));
+    req.on('error', reject);
+    req.on('aborted', () => reject(new Error('request aborted')));
   });
 }
 

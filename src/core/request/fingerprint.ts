@@ -226,21 +226,31 @@ function canonicalJson(body: Uint8Array, mapBody?: FingerprintBody): string | un
 // In a u-mode pattern a surrogate pair reads as one code point, so only a lone surrogate matches.
 const LONE_SURROGATE = /\p{Cs}/u;
 
+// What JSON.stringify writes as it is between quotes: no quote, backslash or control character,
+// and no surrogate (this pattern reads code units, so a pair matches too, and takes the long way).
+// biome-ignore lint/suspicious/noControlCharactersInRegex: the control characters JSON escapes.
+const VERBATIM = /^[^"\\\u0000-\u001f\ud800-\udfff]*$/;
+
+/**
+ * JSON.stringify's text of a string, `undefined` for one with a lone surrogate. Most keys and
+ * values need no escape: quoting them costs a pattern test, a call to JSON.stringify several times
+ * that, and a body has a few of each.
+ */
+function jsonString(value: string): string | undefined {
+  if (VERBATIM.test(value)) return `"${value}"`;
+  return LONE_SURROGATE.test(value) ? undefined : JSON.stringify(value);
+}
+
 /**
  * What `canonicalize` returns for a parsed body made of finite numbers, strings and keys without
  * lone surrogates, and at most MAX_CANONICAL_DEPTH levels, written the same way (each object's
- * `Object.keys` sorted, every key and primitive by JSON.stringify) without its per-value checks
- * and closures; `undefined` for anything else, which then takes the general path.
+ * `Object.keys` sorted, every key and primitive as JSON.stringify writes it) without its per-value
+ * checks and closures; `undefined` for anything else, which then takes the general path.
  */
 export function plainCanonical(value: unknown, depth = 1): string | undefined {
   if (typeof value !== 'object' || value === null) {
-    if (
-      typeof value === 'string'
-        ? LONE_SURROGATE.test(value)
-        : typeof value === 'number' && !Number.isFinite(value)
-    ) {
-      return undefined;
-    }
+    if (typeof value === 'string') return jsonString(value);
+    if (typeof value === 'number') return Number.isFinite(value) ? `${value}` : undefined;
     return JSON.stringify(value);
   }
   if (depth > MAX_CANONICAL_DEPTH) return undefined;
@@ -258,9 +268,10 @@ export function plainCanonical(value: unknown, depth = 1): string | undefined {
   text = '{';
   for (let i = 0; i < keys.length; i++) {
     const key = keys[i] as string;
+    const name = jsonString(key);
     const item = plainCanonical((value as Record<string, unknown>)[key], depth + 1);
-    if (item === undefined || LONE_SURROGATE.test(key)) return undefined;
-    text += `${i === 0 ? '' : ','}${JSON.stringify(key)}:${item}`;
+    if (item === undefined || name === undefined) return undefined;
+    text += `${i === 0 ? '' : ','}${name}:${item}`;
   }
   return `${text}}`;
 }
