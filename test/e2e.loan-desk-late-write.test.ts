@@ -51,7 +51,9 @@ describe.skipIf(!hasPostgres)('loan desk in lease mode: a dead owner’s queued 
         await locker.query(`LOCK TABLE "${schema}".loan IN ACCESS EXCLUSIVE MODE`);
         const unlocked = sleep(LOCK_MS).then(() => locker.query('COMMIT'));
 
-        const retrying = createRetryingFetch({ deadlineMs: 45_000, maxDelayMs: 1000 });
+        // The restarted desk listens only once the lock lets its migration through (up to 5 s
+        // refused connections, longer on a loaded machine): the deadline is the budget, not a count.
+        const retrying = createRetryingFetch({ deadlineMs: 45_000, maxDelayMs: 1000, maxAttempts: 1000 });
         const answers = Array.from({ length: INTENTS }, async (_, i) => {
           await sleep(i * 100);
           const response = await retrying(`${desk.baseUrl}/loans`, {
