@@ -100,15 +100,28 @@ export async function startServer(
     /** Sends a message to a bench server and resolves with its reply. */
     ask(message, timeoutMs = 600_000) {
       return new Promise((resolve, reject) => {
-        const timer = setTimeout(() => reject(new Error(`no reply to ${message.cmd}`)), timeoutMs);
-        child.on('message', function onReply(reply) {
-          if (reply?.reply !== message.cmd) return;
+        // A server that died (or was killed) rejects the question instead of taking the run down
+        // with an unhandled ERR_IPC_CHANNEL_CLOSED: the scenario fails, the others still report.
+        const settle = (error, value) => {
           clearTimeout(timer);
           child.off('message', onReply);
-          if (reply.error) reject(new Error(reply.error));
-          else resolve(reply.value);
-        });
-        child.send(message);
+          child.off('exit', onExit);
+          if (error) reject(error);
+          else resolve(value);
+        };
+        const timer = setTimeout(() => settle(new Error(`no reply to ${message.cmd}`)), timeoutMs);
+        const onReply = (reply) => {
+          if (reply?.reply !== message.cmd) return;
+          settle(reply.error ? new Error(reply.error) : undefined, reply.value);
+        };
+        const onExit = (code, signal) => settle(new Error(`${script} exited (${signal ?? code}) before replying to ${message.cmd}`));
+        if (child.exitCode !== null || child.signalCode !== null || !child.connected) {
+          onExit(child.exitCode, child.signalCode);
+          return;
+        }
+        child.on('message', onReply);
+        child.once('exit', onExit);
+        child.send(message, (error) => error && settle(error));
       });
     },
     async stop() {
