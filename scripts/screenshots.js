@@ -7,7 +7,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { startLoanDesk } from '../examples/library-loans/app.js';
 import { readConfig } from '../examples/library-loans/config.js';
-import { behindFaultFront, startFaultFront } from '../examples/library-loans/fault-front.js';
+import { behindFaultFront, startFaultFront } from '../examples/library-loans/faults/fault-front.js';
 import { launchChromium } from '../test/support/browser.js';
 
 const docs = fileURLToPath(new URL('../docs/', import.meta.url));

@@ -50,7 +50,7 @@ it('the demo tells the lesson with the expected counts', { timeout: 120_000 }, a
   expect(aging).toMatch(/^remaining after cleanup: 1$/m);
   expect(aging).toMatch(/^OD-old again: 201, replayed: no$/m);
 
-  if (existsSync(path.join(ROOT, 'examples/library-loans/lossy-demo.js'))) {
+  if (existsSync(path.join(ROOT, 'examples/library-loans/faults/lossy-demo.js'))) {
     const lossy = section('a lossy network');
     expect(lossy).toMatch(/with Idempotency-Key: .* -> 100 loans \(0 duplicates\), 100\/100 intents/);
     expect(lossy).toMatch(/without Idempotency-Key: .* -> \d+ loans \(\d+ duplicates\)/);

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
-import { runLossyNetworkAct } from '../examples/library-loans/lossy-demo.js';
+import { runLossyNetworkAct } from '../examples/library-loans/faults/lossy-demo.js';
 import { listLoans, startLoanDesk } from './support/loan-desk.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 

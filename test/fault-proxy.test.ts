@@ -5,7 +5,7 @@ import {
   createFaultProxy,
   type FaultProxy,
   type FaultProxyOptions,
-} from '../examples/library-loans/fault-proxy.js';
+} from '../examples/library-loans/faults/fault-proxy.js';
 
 let received: string[] = [];
 /** The `x-lose` header of each request the target saw. */

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, describe, expect, it } from 'vitest';
 import { parseLoan } from '../examples/library-loans/app.js';
-import { openSqlite } from '../examples/library-loans/sqlite.js';
+import { openSqlite } from '../examples/library-loans/databases/sqlite.js';
 
 const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
 

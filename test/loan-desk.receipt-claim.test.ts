@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, describe, expect, it } from 'vitest';
-import { openSqlite } from '../examples/library-loans/sqlite.js';
+import { openSqlite } from '../examples/library-loans/databases/sqlite.js';
 
 // Every desk process polls its receipts' outbox four times a second, holding SQLite's write lock
 // while it looks. Sent jobs stay in the table, so a claim that scans them slows with every loan

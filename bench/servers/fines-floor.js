@@ -7,7 +7,7 @@
 import { createHash, randomUUID } from 'node:crypto';
 import http from 'node:http';
 import Database from 'better-sqlite3';
-import { MEMBERS } from '../../examples/library-loans/catalog.js';
+import { MEMBERS } from '../../examples/library-loans/databases/catalog.js';
 import { parseFine } from '../../examples/library-loans/fines.js';
 
 const TTL_MS = 24 * 3600 * 1000;

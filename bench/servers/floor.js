@@ -17,7 +17,7 @@ import Redis from 'ioredis';
 import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { parseLoan } from '../../examples/library-loans/app.js';
-import { BOOKS, MEMBERS } from '../../examples/library-loans/catalog.js';
+import { BOOKS, MEMBERS } from '../../examples/library-loans/databases/catalog.js';
 
 const TTL_MS = 24 * 3600 * 1000;
 const LEASE_MS = 10_000;

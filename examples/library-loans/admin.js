@@ -1,7 +1,7 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { isIP } from 'node:net';
 import { ConfigError } from 'retrysafe';
-import { sendLiveJson as send } from './respond.js';
+import { sendLiveJson as send } from './http/respond.js';
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '[::1]']);
 

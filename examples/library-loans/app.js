@@ -3,13 +3,13 @@ import http from 'node:http';
 import { credentialScope, startCompleter } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { adminRoutes } from './admin.js';
-import { openDatabase, openKeyStore } from './database.js';
+import { openDatabase, openKeyStore } from './databases/index.js';
 import { fineRoutes } from './fines.js';
-import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './json-body.js';
+import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './http/json-body.js';
 import { operations } from './operations.js';
 import { answerReceipt, startReceipts } from './receipts.js';
-import { databaseUnavailable, sendJson as send, sendFound } from './respond.js';
-import { webRoutes } from './web.js';
+import { databaseUnavailable, sendJson as send, sendFound } from './http/respond.js';
+import { webRoutes } from './http/web.js';
 
 const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
 const DAYS_IN_MONTH = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
@@ -57,10 +57,10 @@ export function parseLoan(body) {
 }
 
 /**
- * The loan desk's HTTP handler over a loan database (sqlite.js or postgres.js) and an idempotency
+ * The loan desk's HTTP handler over a loan database (databases/) and an idempotency
  * store. `POST /loans` is guarded: a retry with the same `Idempotency-Key` replays the first answer
  * instead of lending the book again; without a key every call is a new loan. The pages and the
- * admin API (web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`;
+ * admin API (http/web.js, admin.js) read `adminToken` and `demoFaults` from the other `settings`;
  * `ops` (operations.js) hears the idempotency events and serves `/metrics`. `POST /fines` is
  * fines.js. Answers the request handler and `resumeFine`, which re-drives an abandoned fine
  * (the completer's work). `onLent` (optional) hears that a loan was answered, so its receipt job

@@ -42,7 +42,7 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            Neither set: the admin API is closed
  * DEMO_FAULTS                1 (on a loopback HOST only): the page's lossy-network switch works (a
  *                            fault proxy in front of the desk loses the answers it marks;
- *                            fault-front.js), and POST /fines with `Demo-Crash-After:
+ *                            faults/fault-front.js), and POST /fines with `Demo-Crash-After:
  *                            recorded|charged|paid` kills the desk (SIGKILL) right after that step
  *                            is saved; 0 (default): both are ignored
  * LOG_LEVEL                  JSON log lines on stdout at this level and above: fatal, error, warn,

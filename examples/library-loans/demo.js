@@ -118,8 +118,8 @@ try {
   );
   await say('after OD-old is resent');
 
-  if (existsSync(path.join(here, 'lossy-demo.js'))) {
-    const { runLossyNetworkAct } = await import('./lossy-demo.js');
+  if (existsSync(path.join(here, 'faults', 'lossy-demo.js'))) {
+    const { runLossyNetworkAct } = await import('./faults/lossy-demo.js');
     console.log('\n--- a lossy network, with and without keys ---');
     await runLossyNetworkAct({ baseUrl: desk.url, intents: 100, seed: 7 });
     await runLossyNetworkAct({ baseUrl: desk.url, intents: 100, seed: 7, keys: false });

@@ -1,6 +1,6 @@
 import { isStepFenced } from 'retrysafe';
-import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './json-body.js';
-import { databaseUnavailable, sendJson as send, sendFound } from './respond.js';
+import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './http/json-body.js';
+import { databaseUnavailable, sendJson as send, sendFound } from './http/respond.js';
 
 const FINE_SHAPE = '{"member", "amount"}';
 /** The provider's limit (examples/payment-provider): a larger fine could never be charged. */

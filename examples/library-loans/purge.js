@@ -1,7 +1,7 @@
 // `npm run purge`: deletes the keys whose retention has passed, now, in bounded batches (the desk
 // also does this on its PURGE_INTERVAL timer). Reads the same environment as the desk.
 import { describe, readConfig } from './config.js';
-import { openDatabase, openKeyStore } from './database.js';
+import { openDatabase, openKeyStore } from './databases/index.js';
 
 try {
   const config = readConfig();

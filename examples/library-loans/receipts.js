@@ -1,6 +1,6 @@
 import { setTimeout as pause } from 'node:timers/promises';
 import { idempotent } from 'retrysafe';
-import { databaseUnavailable, sendJson as send } from './respond.js';
+import { databaseUnavailable, sendJson as send } from './http/respond.js';
 
 /** Jobs one claim of the outbox takes; each is a few milliseconds. */
 const BATCH = 10;
@@ -10,7 +10,7 @@ const QUEUE = 'receipts';
 
 /**
  * Sends each new loan's receipt exactly once. A loan's receipt job is a row of the database's
- * outbox (`receipt_job`), written in the loan's own transaction (sqlite.js, postgres.js,
+ * outbox (`receipt_job`), written in the loan's own transaction (databases/sqlite.js, postgres.js,
  * mysql.js), so no loan is without one and no rolled-back loan has one. Every desk process claims
  * jobs from it for a lease; a job whose process died is claimed again when the lease passes. The
  * receipt itself is written in `idempotent()`'s run keyed by the loan: in atomic mode (keys in the

@@ -3,8 +3,8 @@ import cluster from 'node:cluster';
 import { describeAdminAccess } from './admin.js';
 import { deskUrl, startLoanDesk } from './app.js';
 import { describe, readConfig } from './config.js';
-import { openDatabase } from './database.js';
-import { behindFaultFront, startFaultFront } from './fault-front.js';
+import { openDatabase } from './databases/index.js';
+import { behindFaultFront, startFaultFront } from './faults/fault-front.js';
 import { aggregateWorkerMetrics } from './operations.js';
 
 /**

@@ -1,5 +1,5 @@
 import { MIMEType } from 'node:util';
-import { parseJsonObject } from '../json-object.js';
+import { parseJsonObject } from '../../json-object.js';
 import { sendJson as send } from './respond.js';
 
 const IDENTIFIER = /^[^\p{Cc}]{1,64}$/u;

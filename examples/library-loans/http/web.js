@@ -4,7 +4,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { sendLiveJson } from './respond.js';
 
-const PAGES_DIR = fileURLToPath(new URL('./pages/', import.meta.url));
+const PAGES_DIR = fileURLToPath(new URL('../pages/', import.meta.url));
 // The package build the desk itself runs on: the page loads `retrysafe/client` from it, the same
 // module a Node caller imports.
 const DIST_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.resolve('retrysafe/client'))), '..');

@@ -1,5 +1,5 @@
 import { createRetryingFetch, isRetryBudgetExceededError } from 'retrysafe/client';
-import { BOOKS, MEMBERS } from './catalog.js';
+import { BOOKS, MEMBERS } from '../databases/catalog.js';
 import { createFaultProxy } from './fault-proxy.js';
 
 /**
