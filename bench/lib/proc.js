@@ -114,7 +114,8 @@ export async function startServer(
           if (reply?.reply !== message.cmd) return;
           settle(reply.error ? new Error(reply.error) : undefined, reply.value);
         };
-        const onExit = (code, signal) => settle(new Error(`${script} exited (${signal ?? code}) before replying to ${message.cmd}`));
+        const onExit = (code, signal) =>
+          settle(new Error(`${script} exited (${signal ?? code}) before replying to ${message.cmd}`));
         if (child.exitCode !== null || child.signalCode !== null || !child.connected) {
           onExit(child.exitCode, child.signalCode);
           return;

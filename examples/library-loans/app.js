@@ -6,10 +6,10 @@ import { adminRoutes } from './admin.js';
 import { openDatabase, openKeyStore } from './databases/index.js';
 import { fineRoutes } from './fines.js';
 import { identifierProblem, isJsonBody, readJsonObject, unsupportedMediaType } from './http/json-body.js';
-import { operations } from './operations.js';
-import { answerReceipt, startReceipts } from './receipts.js';
 import { databaseUnavailable, sendJson as send, sendFound } from './http/respond.js';
 import { webRoutes } from './http/web.js';
+import { operations } from './operations.js';
+import { answerReceipt, startReceipts } from './receipts.js';
 
 const DATE = /^(\d{4})-(\d{2})-(\d{2})$/;
 const DAYS_IN_MONTH = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
