@@ -70,7 +70,8 @@ export function profileArgs(ctx, label) {
   return ['--cpu-prof', `--cpu-prof-dir=${ctx.profileDir}`, `--cpu-prof-name=${label}.cpuprofile`];
 }
 
-const FLOOR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../servers/floor.js');
+/** The hand-written floors (servers/floor.js), one per `FLOOR`. */
+export const FLOOR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../servers/floor.js');
 
 /** The hand-written floor of each loan desk variant that has one (bench/servers/floor.js). */
 export const FLOOR_OF = {
