@@ -185,28 +185,15 @@ class SerialQueue {
     return this.#pending === 0;
   }
 
-  /**
-   * With nothing queued or running, `fn` starts at once, in the caller's turn: a turn through the
-   * queue would find it empty anyway, and waiting for it cost a promise and a reaction per write.
-   */
   run<T>(fn: () => T | Promise<T>): Promise<T> {
-    let result: Promise<T>;
-    if (this.#pending === 0) {
-      this.#pending++;
-      try {
-        result = Promise.resolve(fn());
-      } catch (error) {
-        result = Promise.reject(error);
-      }
-    } else {
-      this.#pending++;
-      result = this.#tail.then(fn);
-    }
-    this.#tail = result.then(this.#done, this.#done);
+    this.#pending++;
+    const result = this.#tail.then(fn);
+    this.#tail = result.then(
+      () => void this.#pending--,
+      () => void this.#pending--,
+    );
     return result;
   }
-
-  #done = () => void this.#pending--;
 }
 
 /** An open transaction of this store; operations started inside it use its own queue. */
