@@ -6,12 +6,12 @@
 // frame's page number is then named by the `dbstat` table (better-sqlite3 is built with it).
 import { fork } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import Database from 'better-sqlite3';
-import { FLOOR, LOAN, LOAN_DESK } from './lib/loandesk.js';
+import { loanDriver } from './lib/loan-driver.js';
+import { FLOOR, LOAN_DESK } from './lib/loandesk.js';
 
 const { values } = parseArgs({
   options: {
@@ -42,52 +42,19 @@ async function start(script, env, file) {
   return { port, stop: () => child.kill() };
 }
 
-/** Sequential fresh-key POST /loans on one keep-alive connection. */
-function sender(port) {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-  const body = Buffer.from(JSON.stringify(LOAN));
-  const prefix = Math.random().toString(36).slice(2);
-  let seq = 0;
-  const one = () =>
-    new Promise((resolve, reject) => {
-      const headers = {
-        'content-type': 'application/json',
-        'content-length': body.length,
-        'idempotency-key': `${prefix}-${seq++}`,
-      };
-      const req = http.request(
-        { host: '127.0.0.1', port, path: '/loans', method: 'POST', agent, headers },
-        (res) => {
-          res.resume();
-          res.on('end', () =>
-            res.statusCode < 300 ? resolve() : reject(new Error(`status ${res.statusCode}`)),
-          );
-        },
-      );
-      req.on('error', reject);
-      req.end(body);
-    });
-  return {
-    send: async (count) => {
-      for (let i = 0; i < count; i++) await one();
-    },
-    close: () => agent.destroy(),
-  };
-}
-
 /** Frames per commit of the last `requests` commits in the WAL, by the B-tree each page is in. */
 async function count(label, script, env) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'wal-pages-'));
   const file = path.join(dir, 'db.sqlite');
   const server = await start(script, env, file);
-  const load = sender(server.port);
+  const load = loanDriver(`http://127.0.0.1:${server.port}`, 'wal');
   let wal;
   try {
-    await load.send(warmup);
+    await load.send('fresh', warmup);
     const pin = new Database(file, { readonly: true });
     pin.exec('BEGIN');
     pin.prepare('SELECT count(*) FROM sqlite_master').get();
-    await load.send(requests);
+    await load.send('fresh', requests);
     wal = readFileSync(`${file}-wal`);
     pin.exec('COMMIT');
     pin.close();

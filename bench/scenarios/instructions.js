@@ -1,10 +1,10 @@
 import { execFile } from 'node:child_process';
 import { readdir, readFile, rm } from 'node:fs/promises';
-import http from 'node:http';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
-import { LOAN, startFloor, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
+import { loanDriver } from '../lib/loan-driver.js';
+import { startFloor, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
 import { informational, round2 } from '../lib/measure.js';
 
 /**
@@ -38,43 +38,6 @@ const PAIRS = [
 const FLOORS = ['sqlite', 'postgres', 'postgres-3rt', 'redis', 'cheapest'];
 const PATHS = ['fresh', 'replay', 'keyless'];
 
-/** Sequential POST /loans on one connection: fresh keys, one key replayed, or no key. */
-function driver(url, runId) {
-  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
-  const body = Buffer.from(JSON.stringify(LOAN));
-  // Unique per driver: a floor's second server reopens the first one's database.
-  const prefix = `${runId}-${Math.random().toString(36).slice(2)}`;
-  let seq = 0;
-  const replayKey = `${prefix}-replay`;
-  // Under valgrind a pause (callgrind_control's zero or dump) can outlast the server's keep-alive
-  // timeout: a request written to the socket it closed meanwhile is reset unread, and sent again.
-  const one = (key) =>
-    attempt(key).catch((error) => (error.code === 'ECONNRESET' ? attempt(key) : Promise.reject(error)));
-  const attempt = (key) =>
-    new Promise((resolve, reject) => {
-      const headers = { 'content-type': 'application/json', 'content-length': body.length };
-      if (key) headers['idempotency-key'] = key;
-      const req = http.request(`${url}/loans`, { method: 'POST', agent, headers }, (res) => {
-        res.resume();
-        res.on('end', () =>
-          res.statusCode < 300 ? resolve() : reject(new Error(`status ${res.statusCode}`)),
-        );
-      });
-      req.on('error', reject);
-      req.end(body);
-    });
-  return {
-    async send(kind, count) {
-      for (let i = 0; i < count; i++) {
-        if (kind === 'fresh') await one(`${prefix}-${seq++}`);
-        else if (kind === 'replay') await one(replayKey);
-        else await one(undefined);
-      }
-    },
-    close: () => agent.destroy(),
-  };
-}
-
 /** Instructions (callgrind) per request of each path, for one server started by `start`. */
 async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) {
   const dir = path.join(ctx.tmpDir, `callgrind-${id}`);
@@ -93,7 +56,7 @@ async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) 
     startTimeoutMs: 300_000,
   });
   const pid = server.child.pid;
-  const load = driver(server.url, ctx.runId);
+  const load = loanDriver(server.url, ctx.runId);
   try {
     const perRequest = {};
     const allThreads = {};
@@ -142,7 +105,7 @@ async function lastDumpTotals(dir, prefix) {
 /** Promises and reaction jobs per request of each path (the server preloads turn-counter.js). */
 async function turnsPerRequest(ctx, start, paths, { warmup, count }) {
   const server = await start({ execArgv: ['--import', TURN_COUNTER] });
-  const load = driver(server.url, ctx.runId);
+  const load = loanDriver(server.url, ctx.runId);
   try {
     for (const kind of paths) await load.send(kind, warmup);
     const perRequest = {};
