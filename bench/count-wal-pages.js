@@ -4,7 +4,6 @@
 // not a time. A read transaction held open on a connection of its own during the counted requests
 // keeps every checkpoint from resetting the WAL, so the file holds each commit's frames; each
 // frame's page number is then named by the `dbstat` table (better-sqlite3 is built with it).
-import { fork } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -12,6 +11,7 @@ import { parseArgs } from 'node:util';
 import Database from 'better-sqlite3';
 import { loanDriver } from './lib/loan-driver.js';
 import { FLOOR, LOAN_DESK } from './lib/loandesk.js';
+import { startServer } from './lib/proc.js';
 
 const { values } = parseArgs({
   options: {
@@ -25,29 +25,16 @@ const warmup = Number(values.warmup);
 const WAL_HEADER = 32;
 const FRAME_HEADER = 24;
 
-/** Starts `script` on a fresh database file; resolves with its port and a stop function. */
-async function start(script, env, file) {
-  const child = fork(script, [], {
-    env: { ...process.env, ...env, DATABASE_URL: file, PORT: '0', HOST: '127.0.0.1' },
-    stdio: ['ignore', 'pipe', 'inherit', 'ipc'],
-  });
-  const port = await new Promise((resolve, reject) => {
-    child.on('message', (message) => message?.ready && resolve(message.ready));
-    child.stdout.on('data', (data) => {
-      const match = /http:\/\/[^:\s]+:(\d+)/.exec(String(data));
-      if (match) resolve(Number(match[1]));
-    });
-    child.once('exit', (code) => reject(new Error(`${script} exited with code ${code}`)));
-  });
-  return { port, stop: () => child.kill() };
-}
-
 /** Frames per commit of the last `requests` commits in the WAL, by the B-tree each page is in. */
 async function count(label, script, env) {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'wal-pages-'));
   const file = path.join(dir, 'db.sqlite');
-  const server = await start(script, env, file);
-  const load = loanDriver(`http://127.0.0.1:${server.port}`, 'wal');
+  // The floor reports its port over IPC; the desk is given one and polled (lib/proc.js).
+  const server = await startServer(script, {
+    env: { ...env, DATABASE_URL: file },
+    ipcReady: script === FLOOR,
+  });
+  const load = loanDriver(server.url, 'wal');
   let wal;
   try {
     await load.send('fresh', warmup);
@@ -60,7 +47,7 @@ async function count(label, script, env) {
     pin.close();
   } finally {
     load.close();
-    server.stop();
+    await server.stop();
   }
   const pageSize = wal.readUInt32BE(8);
   const frameSize = FRAME_HEADER + pageSize;
