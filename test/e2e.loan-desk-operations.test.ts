@@ -84,16 +84,16 @@ describe('loan desk /metrics with WORKERS=2', () => {
     const keys: string[] = [];
     const scrapes: string[] = [];
     let output: string;
-    const executedBy = () =>
+    const executedBy = (output: string) =>
       new Set(
-        logLines(desk.output())
+        logLines(output)
           .filter((line) => line.type === 'executed')
           .map((line) => line.pid),
       );
     try {
       // At least 8 loans, and on until both workers have made one (their log lines say which):
       // which worker a connection goes to is the cluster's choice, and a fetch may keep one open.
-      while (keys.length < 8 || (executedBy().size < 2 && keys.length < 60)) {
+      while (keys.length < 8 || (executedBy(desk.output()).size < 2 && keys.length < 60)) {
         const key = randomUUID();
         keys.push(key);
         expect((await postLoan(desk.baseUrl, loan(), { key, headers: fresh })).status).toBe(201);
@@ -110,8 +110,7 @@ describe('loan desk /metrics with WORKERS=2', () => {
       expect(await desk.stop()).toBe(0);
       output = desk.output();
     }
-    const executed = logLines(output).filter((line) => line.type === 'executed');
-    expect(new Set(executed.map((line) => line.pid)).size).toBe(2);
+    expect(executedBy(output).size).toBe(2);
     for (const text of scrapes) {
       expect(sample(text, 'retrysafe_outcomes_total{outcome="executed",reason=""}')).toBe(keys.length);
       expect(sample(text, 'retrysafe_outcomes_total{outcome="replayed",reason=""}')).toBe(1);
