@@ -1,4 +1,4 @@
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import pg from 'pg';
 import type {
   AtomicResult,
@@ -22,14 +22,13 @@ import {
   listRequest,
   purgeInBatches,
   requirePositiveInteger,
-  SUMMARY_COLUMNS,
   type SummaryRow,
   summaryOf,
   toBuffer,
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
-import { identifier, postgresMigrationSql } from './migrate.js';
+import { identifier, migrateIn, postgresMigrationSql } from './migrate.js';
 import {
   prepare,
   preparedAll,
@@ -38,7 +37,7 @@ import {
   type TypedStatement,
   withValues,
 } from './prepared.js';
-import { NOW_MS, postgresStatements } from './statements.js';
+import { type ClaimQuery, claimRecord, postgresStatements, type RecordRow } from './statements.js';
 
 export { postgresMigrationSql };
 
@@ -128,11 +127,6 @@ export interface PostgresStore extends AtomicStore<pg.PoolClient>, PhaseStore<pg
   readonly pool: pg.Pool;
 }
 
-/**
- * A claim that finds the record changing under it (committed while the insert waited on it,
- * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
- */
-const CLAIM_ATTEMPTS = 4;
 const LOCK_NOT_AVAILABLE = '55P03';
 const UNDEFINED_TABLE = '42P01';
 /** A table made before steps existed: `migrate` adds their columns. */
@@ -140,16 +134,6 @@ const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const MISSING_PREPARED_STATEMENT = '26000';
 const DIVISION_BY_ZERO = '22012';
-interface RecordRow {
-  acquired: boolean;
-  fingerprint: string;
-  completed: boolean;
-  lease_left_ms: string | null;
-  claimable: boolean;
-  status: number | null;
-  headers: Record<string, string> | null;
-  body: Buffer | null;
-}
 
 const OPTION_NAMES = optionNames<PostgresStoreOptions>({
   pool: true,
@@ -291,43 +275,6 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     return transactionPooling ? { text: statement.text, values } : { ...statement, values };
   }
 
-  type ClaimValues = [string, string, string, string, number, number];
-  /** Runs the claim (`take: false`) or the takeover statement. */
-  type ClaimQuery = (take: boolean, values: ClaimValues) => Promise<pg.QueryResult<RecordRow>>;
-
-  async function claimWith(query: ClaimQuery, input: ClaimInput): Promise<ClaimResult> {
-    for (let attempt = 1; ; attempt++) {
-      const token = randomUUID();
-      const values: ClaimValues = [
-        input.scope,
-        input.key,
-        input.fingerprint,
-        token,
-        input.leaseMs,
-        input.retainMs,
-      ];
-      const { rows } = await query(false, values);
-      const row = rows[0];
-      if (row?.acquired) return { outcome: 'acquired', token };
-      if (row && !row.claimable) {
-        if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-        if (row.completed) {
-          return {
-            outcome: 'replay',
-            response: { status: row.status!, headers: row.headers ?? {}, body: row.body ?? Buffer.alloc(0) },
-          };
-        }
-        return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
-      }
-      const taken = row && (await query(true, values));
-      if (taken && taken.rowCount === 1) {
-        const steps = (taken.rows[0] as { steps?: SavedStep[] | null } | undefined)?.steps;
-        return steps ? { outcome: 'acquired', token, steps } : { outcome: 'acquired', token };
-      }
-      if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
-    }
-  }
-
   function completeValues(scope: string, key: string, token: string, response: StoredResponse) {
     return [scope, key, token, response.status, JSON.stringify(response.headers), toBuffer(response.body)];
   }
@@ -364,16 +311,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   }
 
   async function migrateOn(client: pg.PoolClient): Promise<void> {
-    const statements = postgresMigrationSql({ schema, table });
     try {
       await client.query('BEGIN');
-      // Two app servers migrating at once would otherwise race on CREATE … IF NOT EXISTS.
-      await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_${qualified}`]);
-      // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when the schema exists.
-      const { rowCount } = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
-      for (const statement of statements) {
-        if (rowCount === 0 || !statement.startsWith('CREATE SCHEMA')) await client.query(statement);
-      }
+      await migrateIn((text, values) => client.query(text, values), schema, table);
       await client.query('COMMIT');
     } catch (error) {
       await client.query('ROLLBACK').catch(() => {});
@@ -429,7 +369,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     migrate,
 
     claim(input) {
-      return own(() => claimWith((take, values) => run<RecordRow>(take ? TAKE_OVER : CLAIM, values), input));
+      return own(() =>
+        claimRecord((take, values) => run<RecordRow>(take ? TAKE_OVER : CLAIM, values), input),
+      );
     },
 
     async complete(scope, key, token, response) {
@@ -479,29 +421,14 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     },
 
     async list(options = {}) {
-      const { limit, scope, after } = listRequest('postgresStore.list', options, 2);
-      const values: (string | number)[] = [limit + 1];
-      const where = ['expires_at_ms > n.ms'];
-      if (scope !== undefined) where.push(`scope = $${values.push(scope)}`);
-      // A row comparison: a range scan of the primary key, so a deep page costs no more than the first.
-      if (after) where.push(`(scope, key) > ($${values.push(after[0]!)}, $${values.push(after[1]!)})`);
-      const { rows } = await own(() =>
-        pool.query<SummaryRow>(
-          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
-            WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`,
-          values,
-        ),
-      );
+      const { limit, ...page } = listRequest('postgresStore.list', options, 2);
+      const { text, values } = sql.list(limit, page);
+      const { rows } = await own(() => pool.query<SummaryRow>(text, values));
       return keysetPage(rows.map(summaryOf), limit);
     },
 
     async get(scope, key) {
-      const { rows } = await own(() =>
-        pool.query<SummaryRow>(
-          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
-          [scope, key],
-        ),
-      );
+      const { rows } = await own(() => pool.query<SummaryRow>(sql.GET, [scope, key]));
       return rows[0] && summaryOf(rows[0]);
     },
 
@@ -621,14 +548,14 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       };
       let claimed: ClaimResult;
       try {
-        claimed = await claimWith(query, input).catch(async (error) => {
+        claimed = await claimRecord(query, input).catch(async (error) => {
           // DISCARD ALL or DEALLOCATE (the app, a pooler) dropped our statements: prepare again, once.
           if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
           await client.query('ROLLBACK');
           preparedOn.delete(client);
           await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
           begin = BEGIN;
-          return claimWith(query, input);
+          return claimRecord(query, input);
         });
       } catch (error) {
         if ((error as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw error;

@@ -1,3 +1,7 @@
+import { randomUUID } from 'node:crypto';
+import type { ClaimInput, ClaimResult, SavedStep } from '../../core/contract/index.js';
+import { SUMMARY_COLUMNS, stepsOf } from '../internal.js';
+
 /** Now on the database server's clock, in ms: every time a store compares comes from it. */
 export const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 
@@ -93,7 +97,22 @@ export function postgresStatements(t: string) {
       WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
       RETURNING 1)
     SELECT 1 / count(*)::int AS done FROM done`;
+  const GET = `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`;
+  /** One page of `list`: `limit + 1` rows, so the caller knows whether another page follows. */
+  function list(limit: number, page: { scope: string | undefined; after: string[] | undefined }) {
+    const values: (string | number)[] = [limit + 1];
+    const where = ['expires_at_ms > n.ms'];
+    if (page.scope !== undefined) where.push(`scope = $${values.push(page.scope)}`);
+    // A row comparison: a range scan of the primary key, so a deep page costs no more than the first.
+    if (page.after)
+      where.push(`(scope, key) > ($${values.push(page.after[0]!)}, $${values.push(page.after[1]!)})`);
+    const text = `SELECT ${SUMMARY_COLUMNS} FROM ${t}, (SELECT ${NOW_MS} AS ms) n
+      WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`;
+    return { text, values };
+  }
   return {
+    GET,
+    list,
     CLAIM,
     TAKE_OVER,
     LEASE_LEFT,
@@ -107,4 +126,61 @@ export function postgresStatements(t: string) {
     PURGE,
     ATOMIC_COMPLETE,
   };
+}
+
+/**
+ * A claim that finds the record changing under it (committed while the insert waited on it,
+ * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
+ */
+const CLAIM_ATTEMPTS = 4;
+
+/** A row of CLAIM, as `pg` decodes it or as another driver may (bigint as text, json as text). */
+export interface RecordRow {
+  acquired: boolean;
+  fingerprint: string;
+  completed: boolean;
+  lease_left_ms: string | number | null;
+  claimable: boolean;
+  status: number | null;
+  headers: Record<string, string> | string | null;
+  body: Uint8Array | null;
+}
+
+export type ClaimValues = [string, string, string, string, number, number];
+/** Runs CLAIM (`take: false`) or TAKE_OVER with `values`, on whichever connection the caller holds. */
+export type ClaimQuery = (take: boolean, values: ClaimValues) => Promise<{ rows: unknown[] }>;
+
+/** The claim loop over CLAIM and TAKE_OVER: one round trip for a new key or a replay. */
+export async function claimRecord(query: ClaimQuery, input: ClaimInput): Promise<ClaimResult> {
+  for (let attempt = 1; ; attempt++) {
+    const token = randomUUID();
+    const values: ClaimValues = [
+      input.scope,
+      input.key,
+      input.fingerprint,
+      token,
+      input.leaseMs,
+      input.retainMs,
+    ];
+    const row = (await query(false, values)).rows[0] as RecordRow | undefined;
+    if (row?.acquired) return { outcome: 'acquired', token };
+    if (row && !row.claimable) {
+      if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
+      if (row.completed) {
+        const headers = typeof row.headers === 'string' ? JSON.parse(row.headers) : row.headers;
+        const body =
+          row.body === null
+            ? Buffer.alloc(0)
+            : Buffer.from(row.body.buffer, row.body.byteOffset, row.body.byteLength);
+        return { outcome: 'replay', response: { status: Number(row.status), headers: headers ?? {}, body } };
+      }
+      return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
+    }
+    const taken = row && (await query(true, values)).rows;
+    if (taken && taken.length === 1) {
+      const steps = (taken[0] as { steps: string | SavedStep[] | null }).steps;
+      return steps ? { outcome: 'acquired', token, steps: stepsOf(steps) } : { outcome: 'acquired', token };
+    }
+    if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
+  }
 }
