@@ -62,6 +62,7 @@ export {
   type Duration,
   defaultStoreStatus,
   type IdempotencyOptions,
+  IETF_DRAFT_ERRORS_URL,
   parseDuration,
   REPLAYED_HEADER,
 } from './options/index.js';
