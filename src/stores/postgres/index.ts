@@ -18,9 +18,12 @@ import {
   abandonedLimit,
   abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   purgeInBatches,
+  RESPONSE_COLUMNS,
+  type ResponseRow,
   requirePositiveInteger,
   SUMMARY_COLUMNS,
   type SummaryRow,
@@ -597,14 +600,15 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       return keysetPage(rows.map(summaryOf), limit);
     },
 
-    async get(scope, key) {
+    async get(scope, key, options) {
+      const columns = options?.response ? `${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS}` : SUMMARY_COLUMNS;
       const { rows } = await own(() =>
-        pool.query<SummaryRow>(
-          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
+        pool.query<SummaryRow & ResponseRow>(
+          `SELECT ${columns} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
           [scope, key],
         ),
       );
-      return rows[0] && summaryOf(rows[0]);
+      return rows[0] && keyRecordOf(summaryOf(rows[0]), rows[0], options);
     },
 
     async delete(scope, key) {
