@@ -87,4 +87,6 @@ export type {
   EncryptionKey,
   HeaderReader,
   ResponseCollector,
+  StoredResponseView,
 } from './response/index.js';
+export { storedResponseView } from './response/index.js';
