@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { ClaimInput, ClaimResult, SavedStep } from '../../core/contract/index.js';
-import { SUMMARY_COLUMNS, stepsOf } from '../internal.js';
+import { RESPONSE_COLUMNS, SUMMARY_COLUMNS, stepsOf } from '../internal.js';
 
 /** Now on the database server's clock, in ms: every time a store compares comes from it. */
 export const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
@@ -113,7 +113,8 @@ export function postgresStatements(t: string) {
       RETURNING 1)
     SELECT 1 / count(*)::int AS done FROM done`;
   const ATOMIC_COMPLETE = atomicComplete(false);
-  const GET = `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`;
+  const get = (columns: string) =>
+    `SELECT ${columns} FROM ${t} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`;
   /** One page of `list`: `limit + 1` rows, so the caller knows whether another page follows. */
   function list(limit: number, page: { scope: string | undefined; after: string[] | undefined }) {
     const values: (string | number)[] = [limit + 1];
@@ -127,7 +128,8 @@ export function postgresStatements(t: string) {
     return { text, values };
   }
   return {
-    GET,
+    GET: get(SUMMARY_COLUMNS),
+    GET_WITH_RESPONSE: get(`${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS}`),
     list,
     CLAIM,
     TAKE_OVER,

@@ -16,9 +16,11 @@ import {
   abandonedLimit,
   abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   purgeInBatches,
+  type ResponseRow,
   requirePositiveInteger,
   type SummaryRow,
   summaryOf,
@@ -366,9 +368,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       return keysetPage(rows.map(summaryOf), limit);
     },
 
-    async get(scope, key) {
-      const { rows } = await own(() => query<SummaryRow>(sql.GET, [scope, key]));
-      return rows[0] && summaryOf(rows[0]);
+    async get(scope, key, options) {
+      const text = options?.response ? sql.GET_WITH_RESPONSE : sql.GET;
+      const { rows } = await own(() => query<SummaryRow & ResponseRow>(text, [scope, key]));
+      return rows[0] && keyRecordOf(summaryOf(rows[0]), rows[0], options);
     },
 
     async delete(scope, key) {
