@@ -1,0 +1,78 @@
+import {
+  CompiledQuery,
+  type ControlledTransaction,
+  type Kysely,
+  MysqlAdapter,
+  PostgresAdapter,
+  SqliteAdapter,
+} from 'kysely';
+import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
+
+/**
+ * The operation's transaction as Kysely gives it: a `Transaction<DB>` (every query builder of
+ * `db`), controlled, so that a handler nests the Kysely way, with a savepoint:
+ * `const inner = await tx.savepoint('sp').execute()`, then `inner.releaseSavepoint('sp')` or
+ * `inner.rollbackToSavepoint('sp')`. A `Transaction` from `db.transaction()` has no savepoints
+ * (and its `transaction()` throws), which is why the operation's is opened by `startTransaction()`.
+ */
+export type KyselyTx<DB> = ControlledTransaction<DB, any[]>;
+
+function dialectOf(db: Kysely<any>): SqlDialect {
+  const adapter = db.getExecutor().adapter;
+  if (adapter instanceof PostgresAdapter) return 'postgres';
+  if (adapter instanceof MysqlAdapter) return 'mysql';
+  if (adapter instanceof SqliteAdapter) return 'sqlite';
+  throw new TypeError(
+    `kyselyDriver: the Kysely instance's dialect (${adapter.constructor.name}) is none of PostgreSQL, MySQL or SQLite`,
+  );
+}
+
+async function run<Row>(on: Kysely<any>, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
+  const result = await on.executeQuery<Row>(CompiledQuery.raw(sql, [...params]));
+  return { rows: [...result.rows], affected: Number(result.numAffectedRows ?? 0n) };
+}
+
+/**
+ * A SQL driver over a Kysely instance: retrysafe's statements run as raw compiled queries on it,
+ * and an operation's transaction is a Kysely transaction the handler gets as `ctx.tx`.
+ * @example
+ * const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
+ * const store = sqlStore(kyselyDriver(db), { migrate: true });
+ */
+export function kyselyDriver<DB>(db: Kysely<DB>): SqlDriver<KyselyTx<DB>> {
+  return {
+    dialect: dialectOf(db),
+    name: 'kysely',
+    query: (sql, params) => run(db, sql, params),
+    async transaction(work) {
+      const tx = await db.startTransaction().execute();
+      let result: Awaited<ReturnType<typeof work>>;
+      try {
+        result = await work(tx);
+      } catch (error) {
+        // What `work` threw is the answer; a rollback that fails too (a dead connection) still
+        // gives the connection back, and the database drops the transaction with it.
+        await tx
+          .rollback()
+          .execute()
+          .catch(() => {});
+        throw error;
+      }
+      try {
+        await tx.commit().execute();
+      } catch (error) {
+        // Kysely gives the connection back after a commit PostgreSQL turned into a rollback, not
+        // after one that failed on the way (a lost connection): the rollback does (a no-op after
+        // the former).
+        await tx
+          .rollback()
+          .execute()
+          .catch(() => {});
+        throw error;
+      }
+      return result;
+    },
+    queryIn: (tx, sql, params) => run(tx, sql, params),
+    errorCode: databaseErrorCode,
+  };
+}
