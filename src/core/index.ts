@@ -14,6 +14,7 @@ export type {
   StepReplayedEvent,
   StepSavedEvent,
   StoreErrorEvent,
+  TransactionEndedEvent,
   WaitedEvent,
 } from './contract/index.js';
 export {
@@ -33,6 +34,7 @@ export {
   isIdempotencyError,
   isPhaseStore,
   isStepFenced,
+  isTransactionEnded,
   type KeyPage,
   type KeyRecordSummary,
   type ListKeysOptions,
@@ -44,6 +46,7 @@ export {
   type SavedStep,
   StepFencedError,
   type StoredResponse,
+  TransactionEndedError,
 } from './contract/index.js';
 export {
   type CompleterOptions,
