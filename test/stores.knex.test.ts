@@ -1,10 +1,8 @@
-import knexFactory from 'knex';
+import knexFactory, { type Knex } from 'knex';
 import { describe, expect, it } from 'vitest';
-import { knexDriver, knexPlaceholders } from '../src/stores/sql/drivers/knex.js';
-import { describeSqlDriverConformance } from './conformance/sql-driver-suite.js';
+import { knexDriver, knexPlaceholders, knexStore } from '../src/stores/sql/drivers/knex.js';
+import { describeOrmStore } from './conformance/orm-store-suite.js';
 import { hasPostgres, PG_URL } from './support/services.js';
-
-const openKnex = () => knexFactory({ client: 'pg', connection: PG_URL, pool: { min: 0, max: 4 } });
 
 describe('knexPlaceholders', () => {
   it('binds each $n where it stands, a repeated one twice, and escapes the ? already in the text', () => {
@@ -24,12 +22,14 @@ describe('knexPlaceholders', () => {
 });
 
 describe.skipIf(!hasPostgres)('knex', () => {
-  describeSqlDriverConformance('knex', async () => {
-    const knex = openKnex();
+  describeOrmStore<Knex.Transaction>('knex', async () => {
+    const knex = knexFactory({ client: 'pg', connection: PG_URL, pool: { min: 0, max: 10 } });
     return {
-      driver: knexDriver(knex),
+      store: (options) => knexStore(knex, options),
+      insert: (tx, table) => tx.raw(`INSERT INTO ${table} DEFAULT VALUES`),
       // Knex nests a transaction on a transaction as a savepoint.
       nested: (tx, work) => tx.transaction((inner) => work(inner)),
+      rawCommit: (tx) => tx.raw('COMMIT'),
       close: () => knex.destroy(),
     };
   });

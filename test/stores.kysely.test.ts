@@ -1,20 +1,18 @@
-import { Kysely, PostgresDialect } from 'kysely';
+import { Kysely, PostgresDialect, sql } from 'kysely';
 import pg from 'pg';
 import { describe } from 'vitest';
-import { kyselyDriver } from '../src/stores/sql/drivers/kysely.js';
-import { describeSqlDriverConformance } from './conformance/sql-driver-suite.js';
+import { type KyselyTx, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
+import { describeOrmStore } from './conformance/orm-store-suite.js';
 import { hasPostgres, PG_URL } from './support/services.js';
 
-const openKysely = () =>
-  new Kysely<any>({
-    dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: PG_URL, max: 4 }) }),
-  });
-
 describe.skipIf(!hasPostgres)('kysely', () => {
-  describeSqlDriverConformance('kysely', async () => {
-    const db = openKysely();
+  describeOrmStore<KyselyTx<any>>('kysely', async () => {
+    const db = new Kysely<any>({
+      dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: PG_URL, max: 10 }) }),
+    });
     return {
-      driver: kyselyDriver(db),
+      store: (options) => kyselyStore(db, options),
+      insert: (tx, table) => sql`INSERT INTO ${sql.raw(table)} DEFAULT VALUES`.execute(tx),
       // Kysely nests with a savepoint on its controlled transaction.
       async nested(tx, work) {
         const inner = await tx.savepoint('nested').execute();
@@ -26,6 +24,7 @@ describe.skipIf(!hasPostgres)('kysely', () => {
         }
         await inner.releaseSavepoint('nested').execute();
       },
+      rawCommit: (tx) => sql`COMMIT`.execute(tx),
       close: () => db.destroy(),
     };
   });

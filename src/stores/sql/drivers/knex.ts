@@ -1,5 +1,9 @@
 import type { Knex } from 'knex';
+import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDriver, type SqlResult } from '../driver.js';
+import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+
+export type { SqlStore, SqlStoreOptions } from '../store.js';
 
 /**
  * PostgreSQL's `$n` placeholders as Knex's `?`, with the values in the order they are used (a
@@ -45,7 +49,7 @@ async function run<Row>(on: Knex, sql: string, params: readonly unknown[]): Prom
 export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
   const driverName = String(knex.client.driverName);
   if (driverName !== 'pg') {
-    throw new TypeError(
+    throw new ConfigError(
       `knexDriver: Knex runs on ${driverName}; retrysafe's Knex driver runs on pg (PostgreSQL)`,
     );
   }
@@ -72,4 +76,22 @@ export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
     queryIn: (tx, sql, params) => run(tx, sql, params),
     errorCode: databaseErrorCode,
   };
+}
+
+/**
+ * A retrysafe store on the PostgreSQL database a Knex instance writes to. In atomic mode a
+ * handler's `ctx.tx` is the Knex transaction (`trx`) holding the key: the key, the handler's
+ * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
+ * savepoint inside it.
+ * @example
+ * ```ts
+ * import Knex from 'knex';
+ * import { knexStore } from 'retrysafe/knex';
+ * const knex = Knex({ client: 'pg', connection: process.env.DATABASE_URL });
+ * const store = knexStore(knex, { migrate: true });
+ * // in a handler: await idem.tx('orders').insert({ item });
+ * ```
+ */
+export function knexStore(knex: Knex, options?: SqlStoreOptions): SqlStore<Knex.Transaction> {
+  return sqlStore(knexDriver(knex), options);
 }

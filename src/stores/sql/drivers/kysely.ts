@@ -6,7 +6,11 @@ import {
   PostgresAdapter,
   SqliteAdapter,
 } from 'kysely';
+import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
+import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+
+export type { SqlStore, SqlStoreOptions } from '../store.js';
 
 /**
  * The operation's transaction as Kysely gives it: a `Transaction<DB>` (every query builder of
@@ -22,7 +26,7 @@ function dialectOf(db: Kysely<any>): SqlDialect {
   if (adapter instanceof PostgresAdapter) return 'postgres';
   if (adapter instanceof MysqlAdapter) return 'mysql';
   if (adapter instanceof SqliteAdapter) return 'sqlite';
-  throw new TypeError(
+  throw new ConfigError(
     `kyselyDriver: the Kysely instance's dialect (${adapter.constructor.name}) is none of PostgreSQL, MySQL or SQLite`,
   );
 }
@@ -75,4 +79,21 @@ export function kyselyDriver<DB>(db: Kysely<DB>): SqlDriver<KyselyTx<DB>> {
     queryIn: (tx, sql, params) => run(tx, sql, params),
     errorCode: databaseErrorCode,
   };
+}
+
+/**
+ * A retrysafe store on the database a Kysely instance writes to. In atomic mode a handler's
+ * `ctx.tx` is the Kysely transaction holding the key: the key, the handler's writes through it and
+ * the saved answer commit together, and `ctx.tx.savepoint()` nests inside it.
+ * @example
+ * ```ts
+ * import { Kysely, PostgresDialect } from 'kysely';
+ * import { kyselyStore } from 'retrysafe/kysely';
+ * const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
+ * const store = kyselyStore(db, { migrate: true });
+ * // in a handler: await idem.tx.insertInto('orders').values({ item }).execute();
+ * ```
+ */
+export function kyselyStore<DB>(db: Kysely<DB>, options?: SqlStoreOptions): SqlStore<KyselyTx<DB>> {
+  return sqlStore(kyselyDriver(db), options);
 }
