@@ -13,7 +13,8 @@ import { hasPostgres } from './support/services.js';
 // Issue 31's promises, held against each ORM's quick start (examples/orm/<orm>/app.js) as a child
 // process on a PostgreSQL database of its own. The items the apps know: "fail-after-write" writes
 // its row, then throws; "slow" writes its row, then waits 3 s; "nested-then-fail" writes its row in
-// the ORM's own nested transaction (a savepoint), which commits, then throws.
+// the ORM's own nested transaction (a savepoint), which commits, then throws; "raw-commit" sends a
+// raw COMMIT on the operation's transaction, writes its row, and answers 201.
 
 const newKey = () => `orm-${randomUUID()}`;
 
@@ -89,6 +90,21 @@ describe.skipIf(!hasPostgres)('ORM quick starts (examples/orm/<orm>/app.js) on P
       // The savepoint did not end the operation's transaction: the key was released with it.
       expect((await app.order('nested-then-fail', key)).status).toBe(500);
       expect(await rowsOf('nested-then-fail')).toBe(0);
+    });
+
+    it('a raw COMMIT by the handler: a 5xx, and a retry replays it at once without writing again', async () => {
+      const key = newKey();
+      const ended = await app.order('raw-commit', key);
+      expect(ended.status).toBeGreaterThanOrEqual(500);
+      // The row written after the COMMIT ran outside any transaction: it may be kept, once.
+      const kept = await rowsOf('raw-commit');
+      expect(kept).toBeLessThanOrEqual(1);
+      // The key is not left in progress (a retry would wait, then get a 409) nor free (it would
+      // run the write again): the failure is kept and replayed.
+      const retry = await app.order('raw-commit', key);
+      expect(retry.status).toBe(ended.status);
+      expect(retry.headers.get('idempotency-replayed')).toBe('true');
+      expect(await rowsOf('raw-commit')).toBe(kept);
     });
 
     // Last: it restarts the app.
