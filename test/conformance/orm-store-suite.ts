@@ -28,10 +28,14 @@ export interface OrmUnderTest<Tx> {
  * transaction, and atomic mode with the ORM's own habits (a nested transaction, a raw COMMIT,
  * 200 concurrent duplicates). `open` makes a fresh ORM instance each time it is called.
  */
-export function describeOrmStore<Tx>(name: string, open: () => Promise<OrmUnderTest<Tx>>): void {
+export function describeOrmStore<Tx>(
+  name: string,
+  open: () => Promise<OrmUnderTest<Tx>>,
+  quirks: { selectCountsRows?: boolean } = {},
+): void {
   describeSqlDriverConformance<Tx>(name, async () => {
     const orm = await open();
-    return { driver: orm.store({}).driver, nested: orm.nested, close: orm.close };
+    return { driver: orm.store({}).driver, nested: orm.nested, close: orm.close, ...quirks };
   });
 
   const underTest = async (): Promise<StoreUnderTest> => {
