@@ -28,6 +28,7 @@ export {
   ConfigError,
   ErrorCode,
   eventDetail,
+  type GetKeyOptions,
   IdempotencyError,
   type IdempotencyStore,
   isAtomicStore,
@@ -36,6 +37,7 @@ export {
   isStepFenced,
   isTransactionEnded,
   type KeyPage,
+  type KeyRecord,
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
@@ -65,6 +67,7 @@ export {
   type Duration,
   defaultStoreStatus,
   type IdempotencyOptions,
+  IETF_DRAFT_ERRORS_URL,
   parseDuration,
   REPLAYED_HEADER,
 } from './options/index.js';
@@ -87,4 +90,6 @@ export type {
   EncryptionKey,
   HeaderReader,
   ResponseCollector,
+  StoredResponseView,
 } from './response/index.js';
+export { storedResponseView } from './response/index.js';

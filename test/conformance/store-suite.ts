@@ -544,6 +544,26 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expect(await store.get(`${input.scope}-other`, input.key)).toBeUndefined();
       });
 
+      it("get with { response: true } shows a completed record's saved response byte for byte, and none while in progress", async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        const inProgress = await store.get(input.scope, input.key, { response: true });
+        expect(inProgress).toMatchObject({ state: 'in_progress' });
+        expect(inProgress).not.toHaveProperty('response');
+
+        const saved = { ...sampleResponse('shown'), status: 202 };
+        expect(await store.complete(input.scope, input.key, token, saved)).toBe(true);
+        const shown = await store.get(input.scope, input.key, { response: true });
+        expect(shown).toMatchObject({ state: 'completed', status: 202 });
+        expect(shown!.response!.status).toBe(202);
+        expect(shown!.response!.headers).toEqual(saved.headers);
+        expect(shown!.response!.body).toBeInstanceOf(Uint8Array);
+        expect(Array.from(shown!.response!.body)).toEqual(Array.from(saved.body));
+        // Without the option a record is its summary only.
+        expect(Object.keys((await store.get(input.scope, input.key)) ?? {}).sort()).toEqual(SUMMARY_FIELDS);
+        expect(await store.get(input.scope, `${input.key}-other`, { response: true })).toBeUndefined();
+      });
+
       it('lists one scope page by page: every record once, no other scope, pages within the limit', async () => {
         const scope = `scope-${randomUUID()}`;
         const keys = Array.from({ length: 7 }, (_, i) => `key-${i}-${randomUUID()}`);

@@ -18,9 +18,11 @@ import {
   abandonedLimit,
   abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   purgeInBatches,
+  type ResponseRow,
   requirePositiveInteger,
   type SummaryRow,
   summaryOf,
@@ -427,9 +429,10 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       return keysetPage(rows.map(summaryOf), limit);
     },
 
-    async get(scope, key) {
-      const { rows } = await own(() => pool.query<SummaryRow>(sql.GET, [scope, key]));
-      return rows[0] && summaryOf(rows[0]);
+    async get(scope, key, options) {
+      const text = options?.response ? sql.GET_WITH_RESPONSE : sql.GET;
+      const { rows } = await own(() => pool.query<SummaryRow & ResponseRow>(text, [scope, key]));
+      return rows[0] && keyRecordOf(summaryOf(rows[0]), rows[0], options);
     },
 
     async delete(scope, key) {

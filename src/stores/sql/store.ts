@@ -4,7 +4,6 @@ import type {
   AtomicStore,
   AtomicWorkResult,
   ClaimInput,
-  ClaimResult,
   PhaseStore,
   SavedStep,
   StoredResponse,
@@ -17,9 +16,11 @@ import {
   abandonedLimit,
   abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   purgeInBatches,
+  type ResponseRow,
   requirePositiveInteger,
   type SummaryRow,
   summaryOf,
@@ -83,11 +84,6 @@ const UNDEFINED_TABLE = '42P01';
 const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const DIVISION_BY_ZERO = '22012';
-/** What a savepoint statement meets once the transaction it was made in has ended. */
-const NO_ACTIVE_TRANSACTION = '25P01';
-const NO_SUCH_SAVEPOINT = '3B001';
-/** Made before the handler runs and released after it: gone if the handler ended the transaction. */
-const GUARD = 'retrysafe_operation';
 
 /** Thrown out of the driver's transaction to roll it back with an answer that is not an error. */
 class RollBack {
@@ -205,9 +201,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
   /**
    * Atomic mode in one transaction of the driver's: the claim (bounded: a duplicate blocks on the
-   * primary key for `waitMs`, anything else for `timeoutMs`), a savepoint, the handler's work on
-   * `tx`, the savepoint's release (which fails if the handler ended the transaction), the saved
-   * answer. The claim's lease is its retention: no one sees an atomic claim before it commits with
+   * primary key for `waitMs`, anything else for `timeoutMs`, both set and unset by the claim's
+   * own statement), the handler's work on `tx`, and the saved answer, which must find the record
+   * claimed by this same transaction (else the handler ended it: checked, and said so). The
+   * claim's lease is its retention: no one sees an atomic claim before it commits with
    * its answer, unless a handler committed it early, and such a record must never be taken over.
    */
   async function atomicIn(
@@ -217,12 +214,24 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
+    const bounds = [String(waitMs), String(waitMs + timeoutMs)];
     let token: string | undefined;
     try {
       return await driver.transaction(async (tx) => {
         const run = <Row>(text: string, values: readonly unknown[] = []) =>
           driver.queryIn<Row>(tx, text, values);
-        const claimed = await beforeWork(() => claimIn(run, claim, waitMs, timeoutMs));
+        const claimed = await beforeWork(async () => {
+          try {
+            return await claimRecord(
+              (take, values) => run(take ? sql.BOUNDED_TAKE_OVER : sql.BOUNDED_CLAIM, [...values, ...bounds]),
+              claim,
+            );
+          } catch (error) {
+            // lock_timeout: a duplicate's transaction held the key for all of `waitMs`.
+            if (driver.errorCode(error) !== LOCK_NOT_AVAILABLE) throw error;
+            return { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS } as const;
+          }
+        });
         if (claimed.outcome !== 'acquired') throw new RollBack(claimed);
         token = claimed.token;
         let result: AtomicWorkResult;
@@ -230,19 +239,19 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
           result = await work(tx);
         } catch (error) {
           // Rolled back by the driver, unless the handler had ended the transaction first.
-          await checkGuard(run, error).catch((ended: unknown) => {
-            if (ended instanceof Ended) throw ended;
-          });
+          if (await ended(run)) throw new Ended(error);
           throw error;
         }
-        await checkGuard(run);
-        if (!result.commit)
+        if (!result.commit) {
+          if (await ended(run)) throw new Ended(undefined);
           throw new RollBack({ outcome: 'executed', response: result.response, committed: false });
+        }
         const values = completeValues(input.scope, input.key, claimed.token, result.response);
         try {
-          await run(sql.ATOMIC_COMPLETE, values);
+          await run(sql.GUARDED_ATOMIC_COMPLETE, values);
         } catch (error) {
           if (driver.errorCode(error) !== DIVISION_BY_ZERO) throw error;
+          if (await ended(run)) throw new Ended(error);
           throw new RetrysafeError(`${owner}: the atomic claim was lost before commit`, { cause: error });
         }
         return { outcome: 'executed', response: result.response, committed: true } as const;
@@ -262,49 +271,16 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   }
 
   /**
-   * The claim inside the transaction, bounded: a duplicate blocks on the primary key for `waitMs`
-   * (then lock_timeout answers in_progress), anything else for `timeoutMs`. The bounds are set for
-   * the claim alone (the handler's statements get the session's again), then the guard savepoint.
+   * Whether the operation's transaction has ended under us: the claim gave it a transaction id, so
+   * a statement that finds none runs outside it (autocommit, after the handler's own COMMIT). A
+   * transaction that is only aborted (a failed statement of the handler's) fails the check instead.
    */
-  async function claimIn(
-    run: Run,
-    claim: ClaimInput,
-    waitMs: number,
-    timeoutMs: number,
-  ): Promise<ClaimResult> {
-    const { rows } = await run<{ lock_timeout: string; statement_timeout: string }>(
-      `SELECT current_setting('lock_timeout') AS lock_timeout, current_setting('statement_timeout') AS statement_timeout,
-        set_config('lock_timeout', $1, true) AS l, set_config('statement_timeout', $2, true) AS s`,
-      [String(waitMs), String(waitMs + timeoutMs)],
-    );
-    let claimed: ClaimResult;
+  async function ended(run: Run): Promise<boolean> {
     try {
-      claimed = await claimRecord((take, values) => run(take ? sql.TAKE_OVER : sql.CLAIM, values), claim);
-    } catch (error) {
-      if (driver.errorCode(error) !== LOCK_NOT_AVAILABLE) throw error;
-      return { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
-    }
-    if (claimed.outcome !== 'acquired') return claimed;
-    await run(
-      `SELECT set_config('lock_timeout', $1, true) AS l, set_config('statement_timeout', $2, true) AS s`,
-      [rows[0]!.lock_timeout, rows[0]!.statement_timeout],
-    );
-    await run(`SAVEPOINT ${GUARD}`);
-    return claimed;
-  }
-
-  /**
-   * Releases the guard savepoint: a transaction the handler ended has lost it (throws Ended, with
-   * `cause` the handler's own error when it threw). An aborted transaction fails otherwise and is
-   * rolled back as any failure is.
-   */
-  async function checkGuard(run: Run, cause?: unknown): Promise<void> {
-    try {
-      await run(`RELEASE SAVEPOINT ${GUARD}`);
-    } catch (error) {
-      const code = driver.errorCode(error);
-      if (code === NO_ACTIVE_TRANSACTION || code === NO_SUCH_SAVEPOINT) throw new Ended(cause ?? error);
-      throw error;
+      const { rows } = await run<{ ended: boolean }>('SELECT txid_current_if_assigned() IS NULL AS ended');
+      return rows[0]?.ended === true;
+    } catch {
+      return false;
     }
   }
 
@@ -392,9 +368,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       return keysetPage(rows.map(summaryOf), limit);
     },
 
-    async get(scope, key) {
-      const { rows } = await own(() => query<SummaryRow>(sql.GET, [scope, key]));
-      return rows[0] && summaryOf(rows[0]);
+    async get(scope, key, options) {
+      const text = options?.response ? sql.GET_WITH_RESPONSE : sql.GET;
+      const { rows } = await own(() => query<SummaryRow & ResponseRow>(text, [scope, key]));
+      return rows[0] && keyRecordOf(summaryOf(rows[0]), rows[0], options);
     },
 
     async delete(scope, key) {
@@ -418,7 +395,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
 type Run = <Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>;
 
-/** The handler ended the transaction: our savepoint is gone. */
+/** The handler ended the transaction: our statements run outside it. */
 class Ended {
   constructor(readonly cause: unknown) {}
 }

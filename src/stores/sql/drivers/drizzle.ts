@@ -6,7 +6,6 @@ import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
-// biome-ignore lint/suspicious/noExplicitAny: any schema; the transaction's type follows the database's.
 type AnyPgDatabase = PgDatabase<PgQueryResultHKT, any, any>;
 
 /** The `tx` Drizzle hands a `db.transaction()` callback of `D`: what a handler gets as `ctx.tx`. */
