@@ -87,4 +87,4 @@ const server = http.createServer(
   }),
 );
 const port = Number(process.env.PORT ?? 3000);
-server.listen(port, () => console.log(`typeorm orders listening on http://localhost:${port}`));
+server.listen(port, '127.0.0.1', () => console.log(`typeorm orders listening on http://127.0.0.1:${port}`));
