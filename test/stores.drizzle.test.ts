@@ -2,7 +2,7 @@ import { sql } from 'drizzle-orm';
 import { drizzle, type NodePgDatabase } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { isTransactionEnded, type StoredResponse } from '../src/core/contract/index.js';
+import type { StoredResponse } from '../src/core/contract/index.js';
 import { type DrizzleTransaction, drizzleStore } from '../src/stores/sql/drivers/drizzle.js';
 import type { SqlStore } from '../src/stores/sql/store.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
@@ -28,6 +28,9 @@ async function drizzleUnderTest(): Promise<StoreUnderTest> {
       },
       async count() {
         return Number((await pool.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
+      },
+      async commit(tx: Tx) {
+        await tx.execute(sql.raw('COMMIT'));
       },
     },
     async cleanup() {
@@ -95,31 +98,6 @@ describe.skipIf(!hasPostgres)('drizzle: the ORM transaction is the operation tra
     expect(await rows()).toBe(before + 1);
     expect(await store.get(input.scope, input.key)).toMatchObject({ state: 'completed', status: 201 });
   });
-
-  for (const ending of ['returns', 'throws'] as const) {
-    it(`a raw COMMIT in the handler, which then ${ending}, is caught: TransactionEndedError, the key keeps a 500 and never runs again`, async () => {
-      const before = await rows();
-      const input = claimInput(`raw-commit-${ending}`);
-      let runs = 0;
-      const work = async (tx: Tx) => {
-        runs++;
-        await insert(tx);
-        await tx.execute(sql.raw('COMMIT'));
-        if (ending === 'throws') throw new Error('after its own commit');
-        return answer();
-      };
-      const failure = await store.atomic(input, work).catch((error: unknown) => error);
-      expect(isTransactionEnded(failure)).toBe(true);
-      expect(String((failure as Error).message)).toMatch(/ended the operation's transaction itself/);
-      expect(await rows()).toBe(before + 1);
-      // The retry replays the kept 500 at once, in either mode, and runs nothing.
-      const replay = await store.atomic(input, work);
-      expect(replay).toMatchObject({ outcome: 'replay', response: { status: 500 } });
-      expect(await store.claim({ ...input, leaseMs: 1 })).toMatchObject({ outcome: 'replay' });
-      expect(runs).toBe(1);
-      expect(await rows()).toBe(before + 1);
-    });
-  }
 
   it('200 concurrent duplicates write one row', async () => {
     const before = await rows();

@@ -127,7 +127,11 @@ export function postgresStatements(t: string) {
       WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`;
     return { text, values };
   }
+  // Whether the transaction that claimed has ended under us: it got an id with its claim, so a
+  // statement that finds none runs outside it (autocommit, after the handler's own COMMIT).
+  const ENDED = 'SELECT txid_current_if_assigned() IS NULL AS ended';
   return {
+    ENDED,
     GET: get(SUMMARY_COLUMNS),
     GET_WITH_RESPONSE: get(`${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS}`),
     list,

@@ -8,7 +8,7 @@ import type {
   SavedStep,
   StoredResponse,
 } from '../../core/contract/index.js';
-import { ConfigError, RetrysafeError, TransactionEndedError } from '../../core/contract/index.js';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import { atomicInFlight, BLOCKED_RETRY_AFTER_MS } from '../in-flight.js';
 import {
@@ -30,6 +30,7 @@ import {
 import { pollUntilSettled } from '../poll-wait.js';
 import { identifier, migrateIn } from '../postgres/migrate.js';
 import { claimRecord, postgresStatements } from '../postgres/statements.js';
+import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
 import type { SqlDriver, SqlResult } from './driver.js';
 
 export type { SqlDialect, SqlDriver, SqlResult } from './driver.js';
@@ -89,22 +90,6 @@ const DIVISION_BY_ZERO = '22012';
 class RollBack {
   constructor(readonly result: AtomicResult) {}
 }
-
-/**
- * The record of a key whose transaction the handler ended itself: its writes (and our claim) are
- * committed, so a retry must never run it again. The record keeps this answer for its retention.
- */
-export const TRANSACTION_ENDED_RESPONSE: StoredResponse = {
-  status: 500,
-  headers: { 'content-type': 'application/json' },
-  body: Buffer.from(
-    JSON.stringify({
-      error: 'transaction_ended',
-      message:
-        "The handler ended the operation's transaction itself (a COMMIT or ROLLBACK of its own), so retrysafe could not commit its answer with its writes. What it wrote may be kept; this key is not run again.",
-    }),
-  ),
-};
 
 /**
  * A store whose statements run over `driver`: the dialect's SQL (one text per dialect, shared with
@@ -261,10 +246,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       if (error instanceof Ended && token !== undefined) {
         // The claim committed with the handler's writes: keep an answer on it so no retry runs them again.
         await complete(input.scope, input.key, token, TRANSACTION_ENDED_RESPONSE).catch(() => false);
-        throw new TransactionEndedError(
-          `${owner}: the handler ended the operation's transaction itself (a COMMIT or ROLLBACK of its own, or an ORM transaction opened on a new wrapper of ctx.tx) before retrysafe could save its answer. Its writes may be committed; the key "${input.key}" now answers 500 and is not run again. Write through ctx.tx, and nest with ctx.tx.transaction(), which makes a savepoint.`,
-          { cause: error.cause },
-        );
+        throw transactionEnded(owner, input.key, error.cause);
       }
       throw error;
     }
@@ -277,7 +259,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
    */
   async function ended(run: Run): Promise<boolean> {
     try {
-      const { rows } = await run<{ ended: boolean }>('SELECT txid_current_if_assigned() IS NULL AS ended');
+      const { rows } = await run<{ ended: boolean }>(sql.ENDED);
       return rows[0]?.ended === true;
     } catch {
       return false;
@@ -394,11 +376,6 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 }
 
 type Run = <Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>;
-
-/** The handler ended the transaction: our statements run outside it. */
-class Ended {
-  constructor(readonly cause: unknown) {}
-}
 
 /** A failure of the store's statements before the work ran, inside a transaction. */
 class BeforeWork {
