@@ -51,6 +51,9 @@ export function describeOrmStore<Tx>(
         async write(tx: Tx) {
           await orm.insert(tx, `"${schema}".probe`);
         },
+        async commit(tx: Tx) {
+          await orm.rawCommit(tx);
+        },
         async count() {
           return Number((await admin.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
         },
