@@ -1,7 +1,16 @@
-import { Kysely, PostgresDialect, sql } from 'kysely';
+import {
+  DummyDriver,
+  Kysely,
+  PostgresAdapter,
+  PostgresDialect,
+  PostgresIntrospector,
+  PostgresQueryCompiler,
+  SqliteAdapter,
+  sql,
+} from 'kysely';
 import pg from 'pg';
-import { describe } from 'vitest';
-import { type KyselyTx, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
+import { describe, expect, it } from 'vitest';
+import { type KyselyTx, kyselyDriver, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
 import { hasPostgres, PG_URL } from './support/services.js';
 
@@ -27,5 +36,34 @@ describe.skipIf(!hasPostgres)('kysely', () => {
       rawCommit: (tx) => sql`COMMIT`.execute(tx),
       close: () => db.destroy(),
     };
+  });
+});
+
+describe('kyselyDriver: the dialect', () => {
+  const withAdapter = (adapter: object) =>
+    new Kysely<any>({
+      dialect: {
+        createAdapter: () => adapter as PostgresAdapter,
+        createDriver: () => new DummyDriver(),
+        createIntrospector: (db) => new PostgresIntrospector(db),
+        createQueryCompiler: () => new PostgresQueryCompiler(),
+      },
+    });
+
+  it("is known by Kysely's adapter, one extending it, or one of another copy of Kysely", () => {
+    expect(kyselyDriver(withAdapter(new PostgresAdapter())).dialect).toBe('postgres');
+    expect(kyselyDriver(withAdapter(new (class Pglite extends PostgresAdapter {})())).dialect).toBe(
+      'postgres',
+    );
+    expect(kyselyDriver(withAdapter(new SqliteAdapter())).dialect).toBe('sqlite');
+    // Another copy's class of that name.
+    const copy = { MysqlAdapter: class MysqlAdapter {} };
+    expect(kyselyDriver(withAdapter(new copy.MysqlAdapter())).dialect).toBe('mysql');
+  });
+
+  it('refuses any other adapter, naming it', () => {
+    expect(() => kyselyDriver(withAdapter(new (class MssqlAdapter {})()))).toThrow(
+      /adapter \(MssqlAdapter\)/,
+    );
   });
 });

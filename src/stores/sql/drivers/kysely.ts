@@ -1,11 +1,4 @@
-import {
-  CompiledQuery,
-  type ControlledTransaction,
-  type Kysely,
-  MysqlAdapter,
-  PostgresAdapter,
-  SqliteAdapter,
-} from 'kysely';
+import { CompiledQuery, type ControlledTransaction, type Kysely } from 'kysely';
 import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
@@ -21,13 +14,24 @@ export type { SqlStore, SqlStoreOptions } from '../store.js';
  */
 export type KyselyTx<DB> = ControlledTransaction<DB, any[]>;
 
+const ADAPTERS: Record<string, SqlDialect> = {
+  PostgresAdapter: 'postgres',
+  MysqlAdapter: 'mysql',
+  SqliteAdapter: 'sqlite',
+};
+
+/**
+ * The dialect of Kysely's built-in adapter that `db`'s adapter is or extends, known by class name
+ * rather than `instanceof`: a dialect package may bring a copy of Kysely of its own.
+ */
 function dialectOf(db: Kysely<any>): SqlDialect {
   const adapter = db.getExecutor().adapter;
-  if (adapter instanceof PostgresAdapter) return 'postgres';
-  if (adapter instanceof MysqlAdapter) return 'mysql';
-  if (adapter instanceof SqliteAdapter) return 'sqlite';
+  for (let proto = Object.getPrototypeOf(adapter); proto; proto = Object.getPrototypeOf(proto)) {
+    const dialect = ADAPTERS[(proto.constructor as { name?: string } | undefined)?.name ?? ''];
+    if (dialect) return dialect;
+  }
   throw new ConfigError(
-    `kyselyDriver: the Kysely instance's dialect (${adapter.constructor.name}) is none of PostgreSQL, MySQL or SQLite`,
+    `kyselyDriver: the Kysely instance's adapter (${adapter.constructor.name}) is none of PostgreSQL's, MySQL's or SQLite's`,
   );
 }
 
