@@ -152,7 +152,10 @@ describe('steps (lease mode, memory store)', () => {
     const engine = engineOn(memoryStore());
     let seen: unknown;
     await engine.handle(postRequest(randomUUID()), async (idem) => {
-      seen = [await idem.step('date', () => new Date(0)), await idem.step('nothing', () => undefined)];
+      seen = [
+        await idem.step('date', () => new Date(0).toISOString()),
+        await idem.step('nothing', () => undefined),
+      ];
       return created({});
     });
     expect(seen).toEqual(['1970-01-01T00:00:00.000Z', undefined]);
@@ -222,7 +225,7 @@ describe('steps (lease mode, memory store)', () => {
     expect(claimed.outcome === 'acquired' && JSON.stringify(claimed.steps)).not.toContain('secret');
   });
 
-  it('names: empty or very long names and a name already running are refused', async () => {
+  it('names: empty or very long names, a name already running and a name already finished are refused', async () => {
     const engine = engineOn(memoryStore());
     const errors: unknown[] = [];
     await engine.handle(postRequest(randomUUID()), async (idem) => {
@@ -232,10 +235,11 @@ describe('steps (lease mode, memory store)', () => {
       const slow = idem.step('slow', () => sleep(20).then(() => 1));
       await idem.step('slow', () => 2).catch((error) => errors.push(error));
       expect(await slow).toBe(1);
-      expect(await idem.step('slow', () => 3)).toBe(1);
+      await idem.step('slow', () => 3).catch((error) => errors.push(error));
       return created({});
     });
     expect(errors.map((error) => (error as Error).name)).toEqual([
+      'ConfigError',
       'ConfigError',
       'ConfigError',
       'ConfigError',
@@ -324,5 +328,74 @@ describe('the completer', () => {
     const [record] = await store.abandoned();
     expect(await other.resume(record!, payFine({}))).toBeUndefined();
     expect((await store.get('', key))?.state).toBe('in_progress');
+  });
+});
+
+describe('issue 32: step names and step values', () => {
+  it('a step name reused within one execution is an error naming the step; a takeover replays it once', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store);
+    const key = randomUUID();
+    const charged: string[] = [];
+    const loop = async (idem: IdempotencyContext) => {
+      const items = [];
+      for (const item of ['book', 'dvd', 'map']) {
+        items.push(await idem.step('charge', () => (charged.push(item), item)));
+      }
+      return created(items);
+    };
+    await expect(engine.handle(postRequest(key), loop)).rejects.toThrow(/step 'charge'.*already/);
+    expect(charged).toEqual(['book']);
+    // The takeover replays the finished step once, then meets the same reuse.
+    await sleep(5);
+    const resumed = engine.handle(postRequest(key), async (idem) => {
+      expect(await idem.step('charge', () => 'again')).toBe('book');
+      return created({ ok: true });
+    });
+    expect(bodyOf(await resumed)).toEqual({ ok: true });
+    expect(charged).toEqual(['book']);
+  });
+
+  it('in atomic steps too, a name reused is an error', async () => {
+    const { atomicSteps } = await import('../src/core/engine/steps.js');
+    const steps = atomicSteps(undefined);
+    await steps.step('a', () => 1);
+    await expect(steps.step('a', () => 2)).rejects.toThrow(/step 'a'/);
+  });
+
+  const cyclic: Record<string, unknown> = {};
+  cyclic.self = cyclic;
+  it.each<[string, () => unknown]>([
+    ['a BigInt', () => 10n],
+    ['a cyclic object', () => cyclic],
+    ['a function', () => () => 1],
+    ['a Symbol', () => Symbol('x')],
+    ['NaN', () => ({ amount: Number.NaN })],
+    ['a Map', () => new Map([['a', 1]])],
+    ['more than maxStepBytes', () => 'x'.repeat(2_000)],
+  ])(
+    'a step value that is %s fails loudly before anything is saved; the operation stays resumable',
+    async (_what, value) => {
+      const store = memoryStore();
+      const engine = engineOn(store, { maxStepBytes: 1_000 });
+      const key = randomUUID();
+      const outcome = engine.handle(postRequest(key), async (idem) => {
+        await idem.step('recorded', () => 'fine');
+        await idem.step('charged', value);
+        return created({});
+      });
+      await expect(outcome).rejects.toThrow(/step 'charged'/);
+      expect((await store.get('', key))?.steps).toEqual(['recorded']);
+      await sleep(5);
+      const done = await engine.handle(postRequest(key), async (idem) => {
+        const fine = await idem.step('recorded', () => 'again');
+        return created({ fine, charge: await idem.step('charged', () => 'ch_1') });
+      });
+      expect(bodyOf(done)).toEqual({ fine: 'fine', charge: 'ch_1' });
+    },
+  );
+
+  it('maxStepBytes is checked at construction', () => {
+    expect(() => engineOn(memoryStore(), { maxStepBytes: 0 })).toThrow(/maxStepBytes/);
   });
 });

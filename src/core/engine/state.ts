@@ -60,8 +60,8 @@ function stepCodec(cipher: BodyCipher | undefined) {
       ? Buffer.from(cipher!.open(Buffer.from(stored.slice(SEALED.length), 'base64'))).toString('utf8')
       : stored;
   return {
-    /** `undefined` is kept as `''`: JSON has no text for it. */
-    encodeValue: (value: unknown) => seal(value === undefined ? '' : JSON.stringify(value)),
+    /** A step result's JSON text (`''` for `undefined`, which JSON has no text for), as stored. */
+    encodeText: seal,
     decodeValue: (stored: string): unknown => {
       const text = open(stored);
       return text === '' ? undefined : JSON.parse(text);

@@ -6,6 +6,7 @@ import {
   type SavedStep,
   StepFencedError,
 } from '../contract/index.js';
+import { jsonProblem } from '../jobs/json-value.js';
 import type { IdempotencyContext } from './adapter-contract.js';
 import type { Engine } from './state.js';
 
@@ -39,9 +40,15 @@ export function handlerContext<Tx>(
  * is simply run (a phase on that transaction).
  */
 export function atomicSteps<Tx>(tx: Tx): StepMethods<Tx> {
+  const used = new Set<string>();
+  const use = (name: string) => {
+    checkName(name);
+    if (used.has(name)) throw reused(name);
+    used.add(name);
+  };
   return {
-    step: async (_name, fn) => fn(),
-    phase: async (_name, fn) => fn(tx),
+    step: async (name, fn) => (use(name), fn()),
+    phase: async (name, fn) => (use(name), fn(tx)),
   };
 }
 
@@ -53,13 +60,43 @@ function checkName(name: unknown): asserts name is string {
   }
 }
 
+// A second step of one name in one execution would answer the first one's result without running
+// (a loop charging three items under one name charged one): each step needs a name of its own.
+const reused = (name: string) =>
+  new ConfigError(
+    `retrysafe: step '${name}' already ran in this execution: give each step its own name (e.g. \`charge:\${item}\`)`,
+  );
+
+/**
+ * The JSON text step `name`'s result is saved as (`''` for `undefined`). A value JSON would not
+ * give back as itself (a BigInt, a cycle, a function, NaN, a Map, a Date) or past `maxBytes` is
+ * refused before anything is saved: the step throws, and the operation resumes at it.
+ */
+function stepText(name: string, value: unknown, maxBytes: number): string {
+  if (value === undefined) return '';
+  const problem = jsonProblem(value);
+  if (problem !== undefined) {
+    throw new ConfigError(
+      `retrysafe: step '${name}' returned a value JSON cannot save as it is: ${problem.replace('$', 'its result')}; nothing was saved`,
+    );
+  }
+  const text = JSON.stringify(value);
+  const bytes = Buffer.byteLength(text);
+  if (bytes > maxBytes) {
+    throw new ConfigError(
+      `retrysafe: step '${name}' returned ${bytes} bytes of JSON, over maxStepBytes ${maxBytes}; nothing was saved`,
+    );
+  }
+  return text;
+}
+
 /**
  * The steps of one lease-mode operation: runs each unfinished step once and saves it fenced by
  * `token`; answers finished ones (a takeover's) from their saved results. `request` is saved with
  * the operation's first step, for the completer.
  */
 export function leasedSteps<Req, Tx>(
-  { config: { store }, codec, guard, emit }: Engine<Req>,
+  { config: { store, maxStepBytes }, codec, guard, emit }: Engine<Req>,
   claim: ClaimInput,
   token: string,
   finished: readonly SavedStep[] | undefined,
@@ -70,15 +107,19 @@ export function leasedSteps<Req, Tx>(
   // The request is on the record once any step is.
   let unsavedRequest = results.size === 0 ? request : undefined;
   const running = new Set<string>();
+  // Steps this execution ran or replayed: a takeover replays each finished step once.
+  const used = new Set<string>();
   const { scope, key } = claim;
 
   function finishedResult(name: string): { value: unknown } | undefined {
     checkName(name);
+    if (used.has(name)) throw reused(name);
     const saved = results.get(name);
     if (saved === undefined) {
       if (running.has(name)) throw new ConfigError(`retrysafe: step '${name}' is already running`);
       return undefined;
     }
+    used.add(name);
     if (emit) emit({ type: 'step_replayed', key, scope, name });
     return { value: codec.decodeValue(saved) };
   }
@@ -105,6 +146,7 @@ export function leasedSteps<Req, Tx>(
       );
     }
     unsavedRequest = undefined;
+    used.add(name);
     results.set(name, step.value);
     if (emit) emit({ type: 'step_saved', key, scope, name, phase, stepMs: performance.now() - startMs });
     // What a takeover would answer: the JSON round trip of the result.
@@ -115,7 +157,7 @@ export function leasedSteps<Req, Tx>(
     const done = finishedResult(name);
     if (done) return done.value as T;
     return (await settle(name, false, async () => {
-      const step = { name, value: codec.encodeValue(await fn()) };
+      const step = { name, value: codec.encodeText(stepText(name, await fn(), maxStepBytes)) };
       const saving = store.saveStep(scope, key, token, step, unsavedRequest?.());
       return { saved: await guard(saving, performance.now()), step };
     })) as T;
@@ -132,7 +174,7 @@ export function leasedSteps<Req, Tx>(
     return (await settle(name, true, async () => {
       let step: SavedStep | undefined;
       const work = async (tx: unknown) => {
-        step = { name, value: codec.encodeValue(await fn(tx as Tx)) };
+        step = { name, value: codec.encodeText(stepText(name, await fn(tx as Tx), maxStepBytes)) };
         return step;
       };
       return { saved: await store.phase(scope, key, token, work, unsavedRequest?.()), step };

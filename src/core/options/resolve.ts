@@ -23,6 +23,12 @@ import { checkOptions } from './validate.js';
 const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);
 
 const MiB = 1024 * 1024;
+/**
+ * Default bound on a step's saved result: a step saves ids and amounts, and every claim of the key
+ * (each retry, each completer pass) reads all its steps back, so a large one slows every one of
+ * them (a 64 MB step made each later claim time out).
+ */
+const MAX_STEP_BYTES = 64 * 1024;
 
 /**
  * The longest `maxKeyLength`: with a scope of MAX_SCOPE_BYTES a key this long (printable ASCII,
@@ -76,6 +82,7 @@ export interface ResolvedOptions<Req = unknown> {
   readonly bounds: KeyBounds;
   readonly maxBodyBytes: number;
   readonly maxResponseBytes: number;
+  readonly maxStepBytes: number;
   readonly methods: ReadonlySet<string>;
   readonly scopeOf: (request: IncomingRequest<Req>) => string | Promise<string>;
   readonly fingerprintBody: FingerprintBody | undefined;
@@ -133,6 +140,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   }
   const maxBodyBytes = positiveInt('maxBodyBytes', options.maxBodyBytes, MiB);
   const maxResponseBytes = positiveInt('maxResponseBytes', options.maxResponseBytes, MiB);
+  const maxStepBytes = positiveInt('maxStepBytes', options.maxStepBytes, MAX_STEP_BYTES);
   if (options.methods !== undefined && !Array.isArray(options.methods)) {
     throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
   }
@@ -184,6 +192,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     bounds,
     maxBodyBytes,
     maxResponseBytes,
+    maxStepBytes,
     methods,
     scopeOf,
     fingerprintBody: options.fingerprintBody,

@@ -192,6 +192,13 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   maxResponseBytes?: number;
   /**
+   * Largest step result (`idem.step`, `idem.phase`) saved, in bytes of its JSON text. A larger
+   * one fails the step before anything is saved: every claim of the key reads its steps back.
+   * @default 65_536 (64 KiB)
+   * @example maxStepBytes: 1024 * 1024
+   */
+  maxStepBytes?: number;
+  /**
    * Bound on a single store call, so a stuck database answers 503 instead of hanging.
    * @default '5s'
    * @example storeTimeout: '2s'
@@ -247,6 +254,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   maxKeyLength: true,
   maxBodyBytes: true,
   maxResponseBytes: true,
+  maxStepBytes: true,
   storeTimeout: true,
   encryptionKey: true,
   onError: true,
