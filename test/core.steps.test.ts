@@ -340,7 +340,12 @@ describe('issue 32: step names and step values', () => {
     const loop = async (idem: IdempotencyContext) => {
       const items = [];
       for (const item of ['book', 'dvd', 'map']) {
-        items.push(await idem.step('charge', () => (charged.push(item), item)));
+        items.push(
+          await idem.step('charge', () => {
+            charged.push(item);
+            return item;
+          }),
+        );
       }
       return created(items);
     };

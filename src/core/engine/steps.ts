@@ -47,8 +47,14 @@ export function atomicSteps<Tx>(tx: Tx): StepMethods<Tx> {
     used.add(name);
   };
   return {
-    step: async (name, fn) => (use(name), fn()),
-    phase: async (name, fn) => (use(name), fn(tx)),
+    step: async (name, fn) => {
+      use(name);
+      return fn();
+    },
+    phase: async (name, fn) => {
+      use(name);
+      return fn(tx);
+    },
   };
 }
 
