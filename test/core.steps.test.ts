@@ -10,6 +10,7 @@ import {
   type IdempotencyStore,
   type Outcome,
   resumeAbandoned,
+  startCompleter,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postRequest } from './support/engine-request.js';
@@ -402,5 +403,67 @@ describe('issue 32: step names and step values', () => {
 
   it('maxStepBytes is checked at construction', () => {
     expect(() => engineOn(memoryStore(), { maxStepBytes: 0 })).toThrow(/maxStepBytes/);
+  });
+});
+
+describe('issue 32: the completer under a hung resume', () => {
+  it('one hung resume neither blocks the others nor stop(); its lease is ended for a later pass', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store, { lease: 100 });
+    const keys = Array.from({ length: 4 }, () => randomUUID());
+    for (const key of keys) {
+      await expect(engine.handle(postRequest(key), payFine({}, 'recorded'))).rejects.toThrow();
+    }
+    const [hung, ...others] = keys as [string, ...string[]];
+    await sleep(5);
+    // The hung record comes first: its lease passed first.
+    expect((await store.abandoned()).map((record) => record.key)[0]).toBe(hung);
+    const errors: unknown[] = [];
+    const completer = startCompleter({
+      store,
+      interval: 20,
+      resumeTimeout: 300,
+      onError: (error) => errors.push(error),
+      resume: (record, signal) =>
+        engine.resume(
+          record,
+          (idem) => (record.key === hung ? new Promise<CapturedResponse>(() => {}) : payFine({})(idem)),
+          signal,
+        ),
+    });
+    for (let tries = 0; tries < 400; tries++) {
+      const states = await Promise.all(others.map((key) => store.get('', key)));
+      if (states.every((record) => record?.state === 'completed')) break;
+      await sleep(25);
+    }
+    expect((await Promise.all(others.map((key) => store.get('', key)))).map((r) => r?.state)).toEqual([
+      'completed',
+      'completed',
+      'completed',
+    ]);
+    await completer.stop();
+    expect(String(errors[0])).toContain(`resume of key ${hung} did not settle`);
+    // Given up, its lease was ended (not renewed by the hung handler): a later pass takes it over.
+    await sleep(5);
+    expect((await store.abandoned()).map((record) => record.key)).toContain(hung);
+  });
+
+  it('stop() returns while a resume hangs', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store, { lease: 100 });
+    const key = randomUUID();
+    await expect(engine.handle(postRequest(key), payFine({}, 'recorded'))).rejects.toThrow();
+    let started!: () => void;
+    const running = new Promise<void>((resolve) => (started = resolve));
+    const completer = startCompleter({
+      store,
+      interval: 10,
+      resume: () => {
+        started();
+        return new Promise(() => {});
+      },
+    });
+    await running;
+    await completer.stop();
   });
 });

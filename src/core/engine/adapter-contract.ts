@@ -75,10 +75,13 @@ export interface Idempotency<Req = unknown, Tx = unknown> {
    * with the normal fencing (only one of many completers acquires it) and, when acquired, runs
    * `run` as a handler of that request with its finished steps; the answer is saved as a
    * handler's would be. `undefined` when the saved request cannot be read (wrong `encryptionKey`).
+   * Once `signal` aborts (the completer's `resumeTimeout`, or its `stop()`), the run counts as a
+   * handler that threw: its lease is ended, its steps kept, whatever `run` still does.
    */
   resume(
     record: AbandonedRecord,
     run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+    signal?: AbortSignal,
   ): Promise<Outcome | undefined>;
   /** Runs one request through the state machine; `run` invokes the handler and captures its response. */
   handle(

@@ -16,6 +16,7 @@ import {
 } from '../response/index.js';
 import type { Idempotency, IdempotencyContext, Outcome, ResumedRequest } from './adapter-contract.js';
 import { execute, type Prepared } from './claim-loop.js';
+import { untilAborted } from './deadline.js';
 import { runLeased } from './lease-mode.js';
 import { conflictOf, rejected, replayOrError } from './outcomes.js';
 import { claimInput, type Engine, engineState } from './state.js';
@@ -38,7 +39,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     keyHeader: config.keyHeader,
     maxBodyBytes: config.maxBodyBytes,
     maxResponseBytes: config.maxResponseBytes,
-    resume: (record, run) => resume(engine, record, run),
+    resume: (record, run, signal) => resume(engine, record, run, signal),
     handle: (request, run) => execute(engine, () => prepareRequest(engine, request), run),
     render: (error) => render(config, error),
     answerHeaders: (key) => answerHeaders(config, key),
@@ -132,8 +133,10 @@ async function resume<Req, Tx>(
   engine: Engine<Req>,
   record: AbandonedRecord,
   run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+  signal: AbortSignal | undefined,
 ): Promise<Outcome | undefined> {
   const { config, emit, guard } = engine;
+  if (signal?.aborted) return undefined;
   let request: ResumedRequest;
   try {
     request = engine.codec.decodeRequest(record.request, record.scope, record.key);
@@ -154,7 +157,10 @@ async function resume<Req, Tx>(
         engine,
         claim,
         result.token,
-        (ctx: IdempotencyContext<Tx>) => run(ctx, request),
+        // Once `signal` aborts the run counts as failed: its lease is ended (its steps kept) for
+        // a later pass, whatever the handler still does.
+        (ctx: IdempotencyContext<Tx>) =>
+          signal ? Promise.race([run(ctx, request), untilAborted(signal)]) : run(ctx, request),
         claimedMs - startMs,
         claimedMs,
         undefined,
