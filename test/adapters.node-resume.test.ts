@@ -3,10 +3,11 @@ import { once } from 'node:events';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { afterAll, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
 import { resumeAbandoned } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
+import { memory, mysql, postgres, redis, sqlite } from './support/store-factories.js';
 
 const store = memoryStore();
 const seen: unknown[] = [];
@@ -61,3 +62,70 @@ it("guarded.resume re-drives the handler from the saved request; the client's la
   );
   expect(seen).toHaveLength(2);
 });
+
+// Issue 32, item 2: two guarded routes with steps on one store, each with its own completer.
+describe.each([memory, sqlite, postgres, mysql, redis])(
+  'one route’s completer and another route’s operations ($name)',
+  (factory) => {
+    it.skipIf(factory.available === false)(
+      'a completer re-drives only the operations of its own route; the other route finishes its own',
+      async () => {
+        const { store, cleanup } = await factory.open();
+        const ran: string[] = [];
+        let providerDown = true;
+        const route = (name: string, answer: string) =>
+          idempotency({ store, lease: 200, route: `POST /${name}` })(async (_req, res, idem) => {
+            if (!idem) return void res.writeHead(400).end();
+            await idem.step('recorded', () => name);
+            const done = await idem.step(answer, () => {
+              if (providerDown) throw new Error('provider down');
+              ran.push(name);
+              return `${answer}_1`;
+            });
+            res
+              .writeHead(201, { 'content-type': 'application/json' })
+              .end(JSON.stringify({ [answer]: done }));
+          });
+        const charges = route('charges', 'charged');
+        const refunds = route('refunds', 'refunded');
+        const server = http.createServer((req, res) =>
+          (req.url === '/charges' ? charges : refunds)(req, res),
+        );
+        server.listen(0, '127.0.0.1');
+        await once(server, 'listening');
+        try {
+          const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+          const key = randomUUID();
+          const refund = () =>
+            fetch(`${base}/refunds`, {
+              method: 'POST',
+              headers: { 'content-type': 'application/json', 'idempotency-key': key },
+              body: '{"amount":40}',
+            });
+          expect((await refund()).status).toBe(500);
+          providerDown = false;
+          await sleep(5);
+          const outcomes: unknown[] = [];
+          const pass = (guarded: typeof charges) =>
+            resumeAbandoned({
+              store,
+              resume: async (record, signal) => outcomes.push(await guarded.resume(record, signal)),
+            });
+          expect(await pass(charges)).toBe(1);
+          expect(outcomes).toEqual([undefined]);
+          expect(ran).toEqual([]);
+          expect((await store.get('', key))?.state).toBe('in_progress');
+          await pass(refunds);
+          expect(ran).toEqual(['refunds']);
+          const late = await refund();
+          expect(late.headers.get('idempotency-replayed')).toBe('true');
+          expect(await late.json()).toEqual({ refunded: 'refunded_1' });
+        } finally {
+          await new Promise<void>((resolve) => server.close(() => resolve()));
+          await store.close();
+          await cleanup?.();
+        }
+      },
+    );
+  },
+);

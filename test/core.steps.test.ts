@@ -318,17 +318,30 @@ describe('the completer', () => {
     expect(outcomes.filter((outcome) => outcome?.kind === 'executed')).toHaveLength(1);
   });
 
-  it('leaves a record whose saved request it cannot read (another encryptionKey)', async () => {
+  it('says so when the key that sealed an operation was dropped: an event, and replay_unreadable to a retry', async () => {
     const store = memoryStore();
     const key = randomUUID();
+    const runs: Record<string, number> = {};
     await expect(
-      engineOn(store, { encryptionKey: randomBytes(32) }).handle(postRequest(key), payFine({}, 'recorded')),
+      engineOn(store, { encryptionKey: randomBytes(32) }).handle(postRequest(key), payFine(runs, 'recorded')),
     ).rejects.toThrow();
     await sleep(5);
-    const other = engineOn(store, { encryptionKey: randomBytes(32) });
+    const events: IdempotencyEvent[] = [];
+    const other = engineOn(store, { encryptionKey: randomBytes(32), onEvent: (event) => events.push(event) });
     const [record] = await store.abandoned();
-    expect(await other.resume(record!, payFine({}))).toBeUndefined();
+    const resumed = await other.resume(record!, payFine(runs));
+    expect(resumed?.kind === 'rejected' && resumed.error.code).toBe('replay_unreadable');
+    expect(events).toEqual([{ type: 'rejected', reason: 'replay_unreadable', key, scope: '' }]);
     expect((await store.get('', key))?.state).toBe('in_progress');
+    // A retry is answered as an unreadable replay is (500 replay_unreadable), its steps kept.
+    const retry = await other.handle(postRequest(key), payFine(runs));
+    expect(retry.kind === 'rejected' && [retry.error.status, retry.error.code]).toEqual([
+      500,
+      'replay_unreadable',
+    ]);
+    expect(events.filter((event) => event.type === 'rejected')).toHaveLength(2);
+    expect(runs).toEqual({ recorded: 1 });
+    expect((await store.get('', key))?.steps).toEqual(['recorded']);
   });
 });
 

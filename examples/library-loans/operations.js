@@ -163,6 +163,13 @@ export function operations({ logLevel = 'info', destination, adminToken } = {}) 
       case 'store_error':
         storeErrors.log(event);
         return;
+      case 'rejected':
+        if (event.reason !== 'replay_unreadable') break;
+        logger.error(
+          { event: event.type, reason: event.reason, key: event.key },
+          'a saved answer or step of this key cannot be decrypted: the encryption key that sealed it is no longer configured',
+        );
+        return;
       case 'fenced':
       case 'lease_lost':
         logger.warn(

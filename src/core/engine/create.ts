@@ -13,6 +13,7 @@ import {
   keyMissing,
   ResponseCollector,
   render,
+  replayUnreadable,
 } from '../response/index.js';
 import type { Idempotency, IdempotencyContext, Outcome, ResumedRequest } from './adapter-contract.js';
 import { execute, type Prepared } from './claim-loop.js';
@@ -123,6 +124,7 @@ function withBody<Req>(
         path: request.path,
         contentType: request.contentType,
         body: bytes,
+        route: config.route,
       }),
   });
   const scoped = config.scopeOf(request);
@@ -140,9 +142,13 @@ async function resume<Req, Tx>(
   let request: ResumedRequest;
   try {
     request = engine.codec.decodeRequest(record.request, record.scope, record.key);
-  } catch {
-    return undefined;
+  } catch (cause) {
+    // Sealed with a key no longer in `encryptionKey`: nothing here can finish it (a retry gets the
+    // same answer), and whoever listens hears why.
+    return rejected(engine, replayUnreadable(cause, record.key), 'replay_unreadable', record.scope);
   }
+  // Another route's operation: only the handler that started it may finish it.
+  if (request.route !== config.route) return undefined;
   const claim = claimInput(engine, record.scope, record.key, record.fingerprint);
   const startMs = performance.now();
   const result = await guard(config.store.claim(claim), startMs);

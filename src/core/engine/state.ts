@@ -73,6 +73,7 @@ function stepCodec(cipher: BodyCipher | undefined) {
           path: request.path,
           contentType: request.contentType ?? null,
           body: Buffer.from(request.body).toString('base64'),
+          ...(request.route === undefined ? {} : { route: request.route }),
         }),
       ),
     decodeRequest: (stored: string, scope: string, key: string): ResumedRequest => {
@@ -81,12 +82,14 @@ function stepCodec(cipher: BodyCipher | undefined) {
         path: string;
         contentType: string | null;
         body: string;
+        route?: string;
       };
       return {
         method: saved.method,
         path: saved.path,
         contentType: saved.contentType ?? undefined,
         body: Buffer.from(saved.body, 'base64'),
+        route: saved.route,
         scope,
         key,
       };

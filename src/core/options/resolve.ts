@@ -83,6 +83,7 @@ export interface ResolvedOptions<Req = unknown> {
   readonly maxBodyBytes: number;
   readonly maxResponseBytes: number;
   readonly maxStepBytes: number;
+  readonly route: string | undefined;
   readonly methods: ReadonlySet<string>;
   readonly scopeOf: (request: IncomingRequest<Req>) => string | Promise<string>;
   readonly fingerprintBody: FingerprintBody | undefined;
@@ -141,6 +142,10 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   const maxBodyBytes = positiveInt('maxBodyBytes', options.maxBodyBytes, MiB);
   const maxResponseBytes = positiveInt('maxResponseBytes', options.maxResponseBytes, MiB);
   const maxStepBytes = positiveInt('maxStepBytes', options.maxStepBytes, MAX_STEP_BYTES);
+  const { route } = options;
+  if (route !== undefined && (typeof route !== 'string' || route === '' || route.length > 200)) {
+    throw new ConfigError('retrysafe: option `route` must be a string of 1 to 200 characters');
+  }
   if (options.methods !== undefined && !Array.isArray(options.methods)) {
     throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
   }
@@ -193,6 +198,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     maxBodyBytes,
     maxResponseBytes,
     maxStepBytes,
+    route,
     methods,
     scopeOf,
     fingerprintBody: options.fingerprintBody,

@@ -199,6 +199,16 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   maxStepBytes?: number;
   /**
+   * Names the handler these options guard, for the completer: saved with each operation's request
+   * (with its first step), and `resume` re-drives only operations saved under the same name, so
+   * one route's completer never finishes another route's operation with its own handler. Give
+   * each guarded handler with steps on a shared store a name of its own (one `idempotency()` per
+   * route). Without it, records are saved with no name and resumed only by engines without one.
+   * @default undefined
+   * @example route: 'POST /charges'
+   */
+  route?: string;
+  /**
    * Bound on a single store call, so a stuck database answers 503 instead of hanging.
    * @default '5s'
    * @example storeTimeout: '2s'
@@ -255,6 +265,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   maxBodyBytes: true,
   maxResponseBytes: true,
   maxStepBytes: true,
+  route: true,
   storeTimeout: true,
   encryptionKey: true,
   onError: true,
