@@ -480,3 +480,77 @@ describe('issue 32: the completer under a hung resume', () => {
     await completer.stop();
   });
 });
+
+describe('issue 32: an operation that keeps failing ends', () => {
+  it("a handler's final 4xx after a step ends the operation: saved, replayed, the step not run again", async () => {
+    const store = memoryStore();
+    const engine = engineOn(store);
+    const key = randomUUID();
+    let charged = 0;
+    const handler = async (idem: IdempotencyContext): Promise<CapturedResponse> => {
+      await idem.step('charged', () => ++charged);
+      return { ...created({ error: 'validation', field: 'member' }), status: 422 };
+    };
+    const first = await engine.handle(postRequest(key), handler);
+    expect(first.kind === 'executed' && first.response.status).toBe(422);
+    expect((await store.get('', key))?.state).toBe('completed');
+    const retry = await engine.handle(postRequest(key), handler);
+    expect(retry.kind === 'replayed' && retry.response.status).toBe(422);
+    expect(charged).toBe(1);
+    expect(await store.abandoned()).toEqual([]);
+  });
+
+  it('a 4xx before any step still frees the key for the corrected request', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store);
+    const key = randomUUID();
+    await engine.handle(postRequest(key), async () => ({ ...created({}), status: 422 }));
+    expect(await store.get('', key)).toBeUndefined();
+  });
+
+  it('the completer gives up after maxResumes: a final answer saved, an event, and retries replay it', async () => {
+    const store = memoryStore();
+    const events: IdempotencyEvent[] = [];
+    const engine = engineOn(store, { maxResumes: 2, onEvent: (event) => events.push(event) });
+    const key = randomUUID();
+    const runs: Record<string, number> = {};
+    await expect(engine.handle(postRequest(key), payFine(runs, 'recorded'))).rejects.toThrow();
+    const outcomes: (Outcome | undefined)[] = [];
+    const errors: unknown[] = [];
+    for (let pass = 0; pass < 4; pass++) {
+      await sleep(5);
+      await resumeAbandoned({
+        store,
+        onError: (error) => errors.push(error),
+        resume: async (record, signal) =>
+          outcomes.push(await engine.resume(record, payFine(runs, 'recorded'), signal)),
+      });
+    }
+    // Two resumes ran the handler (and failed); the third recorded the final answer; none after.
+    expect(runs).toEqual({ recorded: 1 });
+    expect(errors.map(String)).toEqual(['Error: crashed after recorded', 'Error: crashed after recorded']);
+    expect(outcomes).toHaveLength(1);
+    const final = outcomes[0];
+    expect(final?.kind === 'rejected' && [final.error.status, final.error.code]).toEqual([
+      500,
+      'operation_abandoned',
+    ]);
+    expect(events).toContainEqual({ type: 'gave_up', key, scope: '', resumes: 2 });
+    expect((await store.get('', key))?.state).toBe('completed');
+    const retry = await engine.handle(postRequest(key), payFine(runs));
+    expect(retry.kind === 'replayed' && retry.response.status).toBe(500);
+    expect(bodyOf(retry)).toMatchObject({ error: 'operation_abandoned' });
+    expect(runs).toEqual({ recorded: 1 });
+  });
+
+  it('maxResumes is checked at construction, and step names starting with retrysafe: are the engine’s', async () => {
+    expect(() => engineOn(memoryStore(), { maxResumes: 0 })).toThrow(/maxResumes/);
+    const engine = engineOn(memoryStore());
+    await expect(
+      engine.handle(postRequest(randomUUID()), async (idem) => {
+        await idem.step('retrysafe:resume:1', () => 1);
+        return created({});
+      }),
+    ).rejects.toThrow(/retrysafe:/);
+  });
+});

@@ -12,6 +12,8 @@ export const ErrorCode = {
   inputNotJson: 'input_not_json',
   /** `idempotent`: work's result is not JSON or outgrew `maxResultBytes`; nothing was saved. */
   resultNotStorable: 'result_not_storable',
+  /** An operation with steps the completer gave up on after `maxResumes`: its final, saved answer. */
+  operationAbandoned: 'operation_abandoned',
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 

@@ -120,7 +120,11 @@ export async function runLeased<Req, Tx>(
   const renewing = leases.drop(lease);
   const handlerEndMs = performance.now();
   const handlerMs = handlerEndMs - startMs;
-  if (response.complete && storeStatus(response.status)) {
+  // A 4xx the handler chose after a step finished is its final answer: released, the operation
+  // would be resumed (and its steps replayed) for ever, and the key cannot be freed without
+  // losing what the steps did.
+  const final = response.status >= 400 && response.status < 500 && steps.hasFinished();
+  if (response.complete && (storeStatus(response.status) || final)) {
     const stored = toStored(config, response);
     // A failed save leaves the record in progress until its lease passes: retries wait or get
     // 409 rather than running the work a second time while this response is on its way.

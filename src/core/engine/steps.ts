@@ -12,6 +12,26 @@ import type { Engine } from './state.js';
 
 const MAX_STEP_NAME_LENGTH = 200;
 
+/**
+ * The engine's own steps are named `retrysafe:…`: each completer takeover saves one,
+ * `retrysafe:resume:N`, so that every process counts an operation's resumes alike (`maxResumes`).
+ */
+const ENGINE_STEP_PREFIX = 'retrysafe:';
+const RESUME_STEP_PREFIX = `${ENGINE_STEP_PREFIX}resume:`;
+
+/** How many times the completer took the operation of these finished steps over. */
+export function resumesOf(finished: readonly SavedStep[] | undefined): number {
+  let resumes = 0;
+  for (const step of finished ?? []) if (step.name.startsWith(RESUME_STEP_PREFIX)) resumes++;
+  return resumes;
+}
+
+/** The step a completer saves as it takes an operation over for the `resumes`th time. */
+export const resumeStep = (resumes: number, value: string): SavedStep => ({
+  name: `${RESUME_STEP_PREFIX}${resumes}`,
+  value,
+});
+
 /** How a context runs steps: lease mode saves each one (`leasedSteps`); atomic mode commits all at once. */
 export type StepMethods<Tx> = Pick<IdempotencyContext<Tx>, 'step' | 'phase'>;
 
@@ -63,6 +83,9 @@ function checkName(name: unknown): asserts name is string {
     throw new ConfigError(
       `retrysafe: a step name must be a string of 1 to ${MAX_STEP_NAME_LENGTH} characters`,
     );
+  }
+  if (name.startsWith(ENGINE_STEP_PREFIX)) {
+    throw new ConfigError(`retrysafe: step names starting with '${ENGINE_STEP_PREFIX}' are the engine's`);
   }
 }
 

@@ -84,6 +84,7 @@ export interface ResolvedOptions<Req = unknown> {
   readonly maxResponseBytes: number;
   readonly maxStepBytes: number;
   readonly route: string | undefined;
+  readonly maxResumes: number;
   readonly methods: ReadonlySet<string>;
   readonly scopeOf: (request: IncomingRequest<Req>) => string | Promise<string>;
   readonly fingerprintBody: FingerprintBody | undefined;
@@ -142,6 +143,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   const maxBodyBytes = positiveInt('maxBodyBytes', options.maxBodyBytes, MiB);
   const maxResponseBytes = positiveInt('maxResponseBytes', options.maxResponseBytes, MiB);
   const maxStepBytes = positiveInt('maxStepBytes', options.maxStepBytes, MAX_STEP_BYTES);
+  const maxResumes = positiveInt('maxResumes', options.maxResumes, 20);
   const { route } = options;
   if (route !== undefined && (typeof route !== 'string' || route === '' || route.length > 200)) {
     throw new ConfigError('retrysafe: option `route` must be a string of 1 to 200 characters');
@@ -199,6 +201,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     maxResponseBytes,
     maxStepBytes,
     route,
+    maxResumes,
     methods,
     scopeOf,
     fingerprintBody: options.fingerprintBody,

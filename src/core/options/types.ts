@@ -199,6 +199,15 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   maxStepBytes?: number;
   /**
+   * How many times the completer (`resume`) may take an operation over before it gives up: the
+   * next resume then saves a final answer instead of running the handler (500
+   * `operation_abandoned`, replayed to every retry) and emits `gave_up`. Each resume is counted on
+   * the record (a step named `retrysafe:resume:N`), so every process agrees.
+   * @default 20
+   * @example maxResumes: 50
+   */
+  maxResumes?: number;
+  /**
    * Names the handler these options guard, for the completer: saved with each operation's request
    * (with its first step), and `resume` re-drives only operations saved under the same name, so
    * one route's completer never finishes another route's operation with its own handler. Give
@@ -266,6 +275,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   maxResponseBytes: true,
   maxStepBytes: true,
   route: true,
+  maxResumes: true,
   storeTimeout: true,
   encryptionKey: true,
   onError: true,
