@@ -15,6 +15,7 @@ export type {
   StepReplayedEvent,
   StepSavedEvent,
   StoreErrorEvent,
+  TransactionEndedEvent,
   WaitedEvent,
 } from './contract/index.js';
 export {
@@ -34,6 +35,7 @@ export {
   isIdempotencyError,
   isPhaseStore,
   isStepFenced,
+  isTransactionEnded,
   type KeyPage,
   type KeyRecordSummary,
   type ListKeysOptions,
@@ -45,6 +47,7 @@ export {
   type SavedStep,
   StepFencedError,
   type StoredResponse,
+  TransactionEndedError,
 } from './contract/index.js';
 export {
   type CompleterOptions,
