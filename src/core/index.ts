@@ -2,6 +2,7 @@ export type {
   ConflictEvent,
   ExecutedEvent,
   FencedEvent,
+  GaveUpEvent,
   IdempotencyEvent,
   IdempotencyEventListener,
   IdempotencyEventType,
