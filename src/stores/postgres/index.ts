@@ -1,4 +1,4 @@
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import pg from 'pg';
 import type {
   AtomicResult,
@@ -22,14 +22,13 @@ import {
   listRequest,
   purgeInBatches,
   requirePositiveInteger,
-  SUMMARY_COLUMNS,
   type SummaryRow,
   summaryOf,
   toBuffer,
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
-import { identifier, postgresMigrationSql } from './migrate.js';
+import { identifier, migrateIn, postgresMigrationSql } from './migrate.js';
 import {
   prepare,
   preparedAll,
@@ -38,6 +37,7 @@ import {
   type TypedStatement,
   withValues,
 } from './prepared.js';
+import { type ClaimQuery, claimRecord, postgresStatements, type RecordRow } from './statements.js';
 
 export { postgresMigrationSql };
 
@@ -127,29 +127,13 @@ export interface PostgresStore extends AtomicStore<pg.PoolClient>, PhaseStore<pg
   readonly pool: pg.Pool;
 }
 
-/**
- * A claim that finds the record changing under it (committed while the insert waited on it,
- * released, taken over by another retry) asks again; a few rounds settle any realistic interleaving.
- */
-const CLAIM_ATTEMPTS = 4;
 const LOCK_NOT_AVAILABLE = '55P03';
-const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 const UNDEFINED_TABLE = '42P01';
 /** A table made before steps existed: `migrate` adds their columns. */
 const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const MISSING_PREPARED_STATEMENT = '26000';
 const DIVISION_BY_ZERO = '22012';
-interface RecordRow {
-  acquired: boolean;
-  fingerprint: string;
-  completed: boolean;
-  lease_left_ms: string | null;
-  claimable: boolean;
-  status: number | null;
-  headers: Record<string, string> | null;
-  body: Buffer | null;
-}
 
 const OPTION_NAMES = optionNames<PostgresStoreOptions>({
   pool: true,
@@ -253,135 +237,33 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   const notifyId = (scope: string, key: string) =>
     createHash('sha1').update(scope).update('\0').update(key).digest('base64');
 
-  // One round trip for the common cases: a new key inserts; an existing one is read back in the
-  // same statement. DO NOTHING, unlike DO UPDATE, neither locks nor writes the existing row, so
-  // replays of a hot key run in parallel. The read uses the statement's snapshot and so misses a
-  // row committed while the insert waited on it; the caller then asks again.
-  const CLAIM = {
-    name: `retrysafe_claim_${tag}`,
-    text: `WITH n AS (SELECT ${NOW_MS} AS ms),
-      ins AS (
-        INSERT INTO ${qualified} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-        SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + $6 FROM n
-        ON CONFLICT (scope, key) DO NOTHING
-        RETURNING token)
-      SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
-        false AS claimable, NULL::integer AS status, NULL::json AS headers, NULL::bytea AS body
-      FROM ins
-      UNION ALL
-      SELECT false, fingerprint, completed_at_ms IS NOT NULL, lease_until_ms - n.ms,
-        expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3),
-        status, headers, body
-      FROM ${qualified}, n
-      WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`,
-  };
-  // A row is taken over when its retention has passed (a new operation), or when it is in progress
-  // with a passed lease and the same fingerprint (a retry taking over a dead owner). The WHERE is
-  // checked again under the row lock, so of concurrent takeovers exactly one wins.
-  const TAKE_OVER = {
-    name: `retrysafe_take_over_${tag}`,
-    text: `WITH n AS (SELECT ${NOW_MS} AS ms)
-      UPDATE ${qualified} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
-        expires_at_ms = n.ms + $6, completed_at_ms = NULL, status = NULL, headers = NULL,
-        body = NULL,
-        steps = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE steps END,
-        request = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE request END
-      FROM n
-      WHERE scope = $1 AND key = $2
-        AND (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))
-      RETURNING steps`,
-  };
-  const LEASE_LEFT = {
-    name: `retrysafe_lease_left_${tag}`,
-    text: `SELECT lease_until_ms - n.ms AS lease_left_ms FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
-      WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND lease_until_ms > n.ms
-        AND expires_at_ms > n.ms`,
-  };
-  // The NOTIFY rides in the same statement.
-  const COMPLETE = {
-    name: `retrysafe_complete_${tag}`,
-    text: `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
-        UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6, request = NULL
-        FROM n
-        WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
-        RETURNING 1)
-      SELECT pg_notify($7, $8) FROM done`,
-  };
-  // One write: the step is appended to the record's steps (a jsonb array keeps saving order).
-  const SAVE_STEP = {
-    name: `retrysafe_save_step_${tag}`,
-    text: `UPDATE ${qualified}
-      SET steps = coalesce(steps, '[]'::jsonb) || jsonb_build_array(jsonb_build_object('name', $4::text, 'value', $5::text)),
-        request = coalesce($6, request)
-      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > ${NOW_MS}`,
-  };
-  // The phase's lock: a takeover's UPDATE of this row waits until the phase commits or rolls back.
-  const LOCK_OWNED = {
-    name: `retrysafe_lock_owned_${tag}`,
-    text: `SELECT token FROM ${qualified}
-      WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND expires_at_ms > ${NOW_MS} FOR UPDATE`,
-  };
-  const ABANDONED = {
-    name: `retrysafe_abandoned_${tag}`,
-    text: `SELECT scope, key, fingerprint, request, lease_until_ms FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
-      WHERE request IS NOT NULL AND completed_at_ms IS NULL AND lease_until_ms <= n.ms AND expires_at_ms > n.ms
-      ORDER BY lease_until_ms LIMIT $1`,
-  };
+  const sql = postgresStatements(qualified);
+  // Prepared by `pg` under one name per table, so two stores on one pool never share a prepared
+  // statement of another text.
+  const named = (name: string, text: string): Statement => ({ name: `retrysafe_${name}_${tag}`, text });
+  const CLAIM = named('claim', sql.CLAIM);
+  const TAKE_OVER = named('take_over', sql.TAKE_OVER);
+  const LEASE_LEFT = named('lease_left', sql.LEASE_LEFT);
+  const COMPLETE = named('complete', sql.COMPLETE);
+  const SAVE_STEP = named('save_step', sql.SAVE_STEP);
+  const LOCK_OWNED = named('lock_owned', sql.LOCK_OWNED);
+  const ABANDONED = named('abandoned', sql.ABANDONED);
   // Names of their own: SQL PREPARE shares the namespace of the protocol-level statements `pg` prepares.
   const CLAIM_TYPES = ['text', 'text', 'text', 'text', 'bigint', 'bigint'];
   const ATOMIC = {
-    claim: { name: `retrysafe_atomic_claim_${tag}`, text: CLAIM.text, types: CLAIM_TYPES },
-    takeOver: { name: `retrysafe_atomic_take_over_${tag}`, text: TAKE_OVER.text, types: CLAIM_TYPES },
-    // COMPLETE, sent with the COMMIT in one round trip. It divides by the number of rows it
-    // completed, so a claim lost meanwhile (the work outlived the record) raises division_by_zero:
-    // the transaction is aborted, and the COMMIT after it never runs. No NOTIFY: no other
-    // transaction ever sees this record in progress, so no one waits on it, and a NOTIFY takes a
-    // database-wide lock at commit that serialises every notifying commit (measured: a third of
-    // the keyed desk's backends waiting on it under load).
+    claim: { ...named('atomic_claim', sql.CLAIM), types: CLAIM_TYPES },
+    takeOver: { ...named('atomic_take_over', sql.TAKE_OVER), types: CLAIM_TYPES },
+    // Sent with the COMMIT in one round trip (statements.ts says why it divides by its count).
     complete: {
-      name: `retrysafe_atomic_complete_${tag}`,
-      text: `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
-          UPDATE ${qualified} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
-          WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
-          RETURNING 1)
-        SELECT 1 / count(*)::int FROM done`,
+      ...named('atomic_complete', sql.ATOMIC_COMPLETE),
       types: ['text', 'text', 'text', 'integer', 'json', 'bytea'],
     },
   } satisfies Record<string, TypedStatement>;
   const ATOMIC_STATEMENTS = Object.values(ATOMIC);
-  const RELEASE = {
-    name: `retrysafe_release_${tag}`,
-    text: `WITH gone AS (
-        DELETE FROM ${qualified}
-        WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL
-          AND expires_at_ms > ${NOW_MS}
-        RETURNING 1)
-      SELECT pg_notify($4, $5) FROM gone`,
-  };
-  const DELETE = {
-    name: `retrysafe_delete_${tag}`,
-    text: `WITH gone AS (
-        DELETE FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}
-        RETURNING 1)
-      SELECT pg_notify($3, $4) FROM gone`,
-  };
-  // Retention grows with the lease when the lease would outlive it, as at the claim.
-  const RENEW = {
-    name: `retrysafe_renew_${tag}`,
-    text: `WITH n AS (SELECT ${NOW_MS} AS ms)
-      UPDATE ${qualified} SET lease_until_ms = n.ms + $4, expires_at_ms = GREATEST(expires_at_ms, n.ms + $4)
-      FROM n
-      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms`,
-  };
-  // SKIP LOCKED: rows a claim is taking over right now are left for the next purge.
-  const PURGE = {
-    name: `retrysafe_purge_${tag}`,
-    text: `WITH n AS (SELECT ${NOW_MS} AS ms)
-      DELETE FROM ${qualified} WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM ${qualified}, n
-        WHERE expires_at_ms <= n.ms AND NOT (completed_at_ms IS NULL AND lease_until_ms > n.ms)
-        LIMIT $1 FOR UPDATE SKIP LOCKED))`,
-  };
+  const RELEASE = named('release', sql.RELEASE);
+  const DELETE = named('delete', sql.DELETE);
+  const RENEW = named('renew', sql.RENEW);
+  const PURGE = named('purge', sql.PURGE);
 
   /** Runs one of the statements above on the pool, prepared by `pg` unless a transaction pooler is between. */
   function run<R extends pg.QueryResultRow>(statement: Statement, values: unknown[]) {
@@ -391,43 +273,6 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   /** A statement's query config: unnamed behind a transaction pooler, which cannot keep it prepared. */
   function onClient(statement: Statement, values: unknown[]): pg.QueryConfig {
     return transactionPooling ? { text: statement.text, values } : { ...statement, values };
-  }
-
-  type ClaimValues = [string, string, string, string, number, number];
-  /** Runs the claim (`take: false`) or the takeover statement. */
-  type ClaimQuery = (take: boolean, values: ClaimValues) => Promise<pg.QueryResult<RecordRow>>;
-
-  async function claimWith(query: ClaimQuery, input: ClaimInput): Promise<ClaimResult> {
-    for (let attempt = 1; ; attempt++) {
-      const token = randomUUID();
-      const values: ClaimValues = [
-        input.scope,
-        input.key,
-        input.fingerprint,
-        token,
-        input.leaseMs,
-        input.retainMs,
-      ];
-      const { rows } = await query(false, values);
-      const row = rows[0];
-      if (row?.acquired) return { outcome: 'acquired', token };
-      if (row && !row.claimable) {
-        if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-        if (row.completed) {
-          return {
-            outcome: 'replay',
-            response: { status: row.status!, headers: row.headers ?? {}, body: row.body ?? Buffer.alloc(0) },
-          };
-        }
-        return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
-      }
-      const taken = row && (await query(true, values));
-      if (taken && taken.rowCount === 1) {
-        const steps = (taken.rows[0] as { steps?: SavedStep[] | null } | undefined)?.steps;
-        return steps ? { outcome: 'acquired', token, steps } : { outcome: 'acquired', token };
-      }
-      if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
-    }
   }
 
   function completeValues(scope: string, key: string, token: string, response: StoredResponse) {
@@ -466,16 +311,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
   }
 
   async function migrateOn(client: pg.PoolClient): Promise<void> {
-    const statements = postgresMigrationSql({ schema, table });
     try {
       await client.query('BEGIN');
-      // Two app servers migrating at once would otherwise race on CREATE … IF NOT EXISTS.
-      await client.query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_${qualified}`]);
-      // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when the schema exists.
-      const { rowCount } = await client.query('SELECT 1 FROM pg_namespace WHERE nspname = $1', [schema]);
-      for (const statement of statements) {
-        if (rowCount === 0 || !statement.startsWith('CREATE SCHEMA')) await client.query(statement);
-      }
+      await migrateIn((text, values) => client.query(text, values), schema, table);
       await client.query('COMMIT');
     } catch (error) {
       await client.query('ROLLBACK').catch(() => {});
@@ -531,7 +369,9 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     migrate,
 
     claim(input) {
-      return own(() => claimWith((take, values) => run<RecordRow>(take ? TAKE_OVER : CLAIM, values), input));
+      return own(() =>
+        claimRecord((take, values) => run<RecordRow>(take ? TAKE_OVER : CLAIM, values), input),
+      );
     },
 
     async complete(scope, key, token, response) {
@@ -581,29 +421,14 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     },
 
     async list(options = {}) {
-      const { limit, scope, after } = listRequest('postgresStore.list', options, 2);
-      const values: (string | number)[] = [limit + 1];
-      const where = ['expires_at_ms > n.ms'];
-      if (scope !== undefined) where.push(`scope = $${values.push(scope)}`);
-      // A row comparison: a range scan of the primary key, so a deep page costs no more than the first.
-      if (after) where.push(`(scope, key) > ($${values.push(after[0]!)}, $${values.push(after[1]!)})`);
-      const { rows } = await own(() =>
-        pool.query<SummaryRow>(
-          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified}, (SELECT ${NOW_MS} AS ms) n
-            WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`,
-          values,
-        ),
-      );
+      const { limit, ...page } = listRequest('postgresStore.list', options, 2);
+      const { text, values } = sql.list(limit, page);
+      const { rows } = await own(() => pool.query<SummaryRow>(text, values));
       return keysetPage(rows.map(summaryOf), limit);
     },
 
     async get(scope, key) {
-      const { rows } = await own(() =>
-        pool.query<SummaryRow>(
-          `SELECT ${SUMMARY_COLUMNS} FROM ${qualified} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`,
-          [scope, key],
-        ),
-      );
+      const { rows } = await own(() => pool.query<SummaryRow>(sql.GET, [scope, key]));
       return rows[0] && summaryOf(rows[0]);
     },
 
@@ -723,14 +548,14 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       };
       let claimed: ClaimResult;
       try {
-        claimed = await claimWith(query, input).catch(async (error) => {
+        claimed = await claimRecord(query, input).catch(async (error) => {
           // DISCARD ALL or DEALLOCATE (the app, a pooler) dropped our statements: prepare again, once.
           if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
           await client.query('ROLLBACK');
           preparedOn.delete(client);
           await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
           begin = BEGIN;
-          return claimWith(query, input);
+          return claimRecord(query, input);
         });
       } catch (error) {
         if ((error as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw error;

@@ -40,3 +40,21 @@ export function postgresMigrationSql(options: { schema?: string; table?: string 
   WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
   ];
 }
+
+/**
+ * Runs the migration's statements through `query`, inside a transaction its caller opened (a `pg`
+ * client, an ORM's transaction): an advisory lock first, since two app servers migrating at once
+ * would otherwise race on CREATE … IF NOT EXISTS.
+ */
+export async function migrateIn(
+  query: (text: string, values?: unknown[]) => Promise<{ rows: unknown[] }>,
+  schema: string,
+  table: string,
+): Promise<void> {
+  await query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_"${schema}"."${table}"`]);
+  // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when the schema exists.
+  const { rows } = await query('SELECT 1 AS found FROM pg_namespace WHERE nspname = $1', [schema]);
+  for (const statement of postgresMigrationSql({ schema, table })) {
+    if (rows.length === 0 || !statement.startsWith('CREATE SCHEMA')) await query(statement);
+  }
+}
