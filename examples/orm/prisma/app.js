@@ -56,4 +56,6 @@ const server = http.createServer(async (req, res) => {
   send(res, 405, { error: 'method not allowed' });
 });
 const port = Number(process.env.PORT ?? 3000);
-server.listen(port, process.env.HOST ?? '127.0.0.1', () => console.log(`listening on http://localhost:${port}`));
+server.listen(port, process.env.HOST ?? '127.0.0.1', () =>
+  console.log(`listening on http://localhost:${port}`),
+);

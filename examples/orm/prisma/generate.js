@@ -27,10 +27,14 @@ if (!installed) env.PRISMA_SCHEMA_ENGINE_BINARY ??= fileURLToPath(import.meta.ur
 
 const output = path.join(here, 'generated');
 fs.rmSync(output, { recursive: true, force: true });
-const generated = spawnSync(process.execPath, [cli, 'generate', '--schema', path.join(here, 'schema.prisma')], {
-  env,
-  stdio: 'inherit',
-});
+const generated = spawnSync(
+  process.execPath,
+  [cli, 'generate', '--schema', path.join(here, 'schema.prisma')],
+  {
+    env,
+    stdio: 'inherit',
+  },
+);
 if (generated.status !== 0) throw new Error(`prisma generate failed (exit ${generated.status})`);
 
 // The generator writes TypeScript only; Node 20 cannot run it, so each file is compiled on its own
