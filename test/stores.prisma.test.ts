@@ -70,9 +70,9 @@ describe('prisma driver without a database', () => {
   it("opens Prisma's interactive transaction with generous limits, or the ones given", async () => {
     const seen: unknown[] = [];
     const fake = {
-      $queryRawUnsafe: async () => [],
+      $queryRawUnsafe: async <T>(): Promise<T> => [] as T,
       $executeRawUnsafe: async () => 0,
-      $transaction: async (fn: (tx: unknown) => Promise<unknown>, options?: unknown) => {
+      $transaction: async <R>(fn: (tx: any) => Promise<R>, options?: unknown): Promise<R> => {
         seen.push(options);
         return fn('tx');
       },
@@ -203,6 +203,22 @@ describe.skipIf(!hasPostgres)('prisma driver specifics', () => {
     const items = await db.prisma.order.findMany({ where: { item: { in: ['kept', 'dropped'] } } });
     expect(items.map((order) => order.item)).toEqual(['kept']);
     expect((await store.claim(key)).outcome).toBe('replay');
+  });
+
+  it('a raw COMMIT run by the handler on tx is caught: the call fails and a retry does not write again', async () => {
+    const key = input();
+    let runs = 0;
+    const work = async (tx: Tx) => {
+      runs++;
+      await tx.order.create({ data: { item: 'committed-early' } });
+      await tx.$executeRawUnsafe('COMMIT');
+      return { response: textResponse('made'), commit: true };
+    };
+    await expect(store.atomic(key, work)).rejects.toThrow();
+    const retry = await store.atomic(key, work).catch((error: unknown) => error);
+    expect(retry).not.toMatchObject({ outcome: 'executed' });
+    expect(runs).toBe(1);
+    expect(await db.prisma.order.count({ where: { item: 'committed-early' } })).toBeLessThanOrEqual(1);
   });
 
   it('the array form tx.$transaction([…]) is not part of the operation: Prisma runs it on another connection', async () => {
