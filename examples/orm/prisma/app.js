@@ -49,10 +49,19 @@ const createOrder = guard(async (req, res, idem) => {
   send(res, 201, order);
 });
 
-const server = http.createServer(async (req, res) => {
+async function listOrders(res) {
+  try {
+    send(res, 200, await prisma.order.findMany({ orderBy: { id: 'asc' } }));
+  } catch (error) {
+    console.error(error);
+    send(res, 500, { error: 'could not list the orders' });
+  }
+}
+
+const server = http.createServer((req, res) => {
   if (req.url !== '/orders') return send(res, 404, { error: 'not found' });
   if (req.method === 'POST') return createOrder(req, res);
-  if (req.method === 'GET') return send(res, 200, await prisma.order.findMany({ orderBy: { id: 'asc' } }));
+  if (req.method === 'GET') return listOrders(res);
   send(res, 405, { error: 'method not allowed' });
 });
 const port = Number(process.env.PORT ?? 3000);
