@@ -169,6 +169,24 @@ describe.skipIf(!hasPostgres)('prisma driver specifics', () => {
     expect(driver.errorCode(inTx)).toBe('23502');
   });
 
+  it("a handler that outlives the transaction's timeout is rolled back by Prisma (P2028): no row, the key free", async () => {
+    const short = prismaStore(db.prisma, { schema, transactionOptions: { timeout: 200 } });
+    const key = input();
+    const before = await db.count();
+    const failure = await short
+      .atomic(key, async (tx) => {
+        await tx.order.create({ data: { item: 'too-late' } });
+        // Longer than the timeout: Prisma's timer rolls the transaction back first.
+        await new Promise((resolve) => setTimeout(resolve, 600));
+        return { response: textResponse('late'), commit: true };
+      })
+      .catch((error: unknown) => error);
+    expect(failure).toMatchObject({ code: 'P2028' });
+    expect(prismaErrorCode(failure)).toBeUndefined();
+    expect(await db.count()).toBe(before);
+    expect((await store.claim(key)).outcome).toBe('acquired');
+  });
+
   it("a handler's own tx.$transaction(async …) is a savepoint: a throw after it leaves no row and the key free", async () => {
     const key = input();
     const before = await db.count();
