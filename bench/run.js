@@ -20,6 +20,7 @@ const SCENARIOS = [
   'fines',
   'sqlite-drivers',
   'jobs',
+  'orm',
   'instructions',
 ];
 

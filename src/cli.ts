@@ -1,13 +1,15 @@
 #!/usr/bin/env node
 import { readFileSync } from 'node:fs';
+import { STATUS_CODES } from 'node:http';
 import { parseArgs } from 'node:util';
 import type { IdempotencyStore, KeyRecordSummary } from './core/contract/index.js';
+import { type StoredResponseView, storedResponseView } from './core/response/index.js';
 
 const USAGE = `Usage:
   retrysafe migrate --database-url <url> [--schema <name>] [--table <name>] [--pooling <mode>] [--print]
   retrysafe purge   --database-url <url> [--schema <name>] [--table <name>] [--pooling <mode>] [--batch-size <n>]
   retrysafe keys list          <store> [--scope <scope>] [--limit <n>] [--after <cursor>] [--json]
-  retrysafe keys show <key>    <store> [--scope <scope>] [--json]
+  retrysafe keys show <key>    <store> [--scope <scope>] [--response] [--json]
   retrysafe keys delete <key>  <store> [--scope <scope>]
   retrysafe --version
 
@@ -32,6 +34,9 @@ const USAGE = `Usage:
   --limit         records listed at most (default: 100)
   --after         list from this cursor on (printed under a list that has more)
   --json          print JSON instead of a table
+  --response      show: the saved answer too (status, headers, body: text, or base64 when not
+                  UTF-8); IDEMPOTENCY_ENCRYPTION_KEY (base64 keys, comma-separated, as the
+                  service's encryptionKey) opens an encrypted body, else it shows sealed
 
 migrate creates the table and its index when missing (safe to run again);
 purge deletes the records whose retention has passed and prints how many;
@@ -254,11 +259,24 @@ function cells(r: KeyRecordSummary): string[] {
   ];
 }
 
+/** A saved answer as an HTTP response reads: status line, headers, a blank line, the body. */
+function answerText(response: StoredResponseView): string {
+  const lines = [`${response.status} ${STATUS_CODES[response.status] ?? ''}`.trimEnd()];
+  for (const [name, value] of Object.entries(response.headers)) lines.push(`${name}: ${value}`);
+  lines.push('');
+  if (response.bodyUnreadable) lines.push('(the body cannot be decrypted with IDEMPOTENCY_ENCRYPTION_KEY)');
+  else if (response.body !== undefined) lines.push(response.body);
+  else lines.push(`(not UTF-8; base64) ${response.bodyBase64}`);
+  return lines.join('\n');
+}
+
 interface KeysArgs {
   scope?: string;
   limit?: number;
   after?: string;
   json: boolean;
+  response: boolean;
+  encryptionKey?: string[];
 }
 
 /** `list` pages until `limit` records or the end (a Redis page may hold fewer than asked). */
@@ -288,8 +306,8 @@ async function keys(target: Target, action: string, key: string | undefined, arg
   const scope = args.scope ?? '';
   const where = `${JSON.stringify(key)} in scope ${JSON.stringify(scope)}`;
   if (action === 'show') {
-    const record = await store.get(scope, key!);
-    if (!record) {
+    const found = await store.get(scope, key!, { response: args.response });
+    if (!found) {
       // The CLI's default scope is "" (requests without credentials); a service usually keeps
       // its keys under a scope of its own (the loan desk: `anonymous` or a credential digest).
       throw new Error(
@@ -297,12 +315,16 @@ async function keys(target: Target, action: string, key: string | undefined, arg
           'give the scope the service keeps it under with --scope, and find it with `retrysafe keys list`',
       );
     }
-    if (args.json) console.log(JSON.stringify(record, null, 2));
+    const { response: saved, ...record } = found;
+    const response = saved && storedResponseView(saved, { encryptionKey: args.encryptionKey });
+    if (args.json) console.log(JSON.stringify(response ? { ...record, response } : record, null, 2));
     else {
       const values = cells(record);
       // The finished steps by name (their results may be sensitive and are not shown).
       const steps = record.steps?.join(', ') ?? '-';
       console.log(table([...COLUMNS.map((name, i) => [name, values[i]!]), ['steps', steps]]));
+      if (response) console.log(`\n${answerText(response)}`);
+      else if (args.response) console.log('\nno saved answer: the record is in progress');
     }
     return;
   }
@@ -328,6 +350,7 @@ async function main(argv: string[]): Promise<void> {
       limit: { type: 'string' },
       after: { type: 'string' },
       json: { type: 'boolean' },
+      response: { type: 'boolean' },
       help: { type: 'boolean', short: 'h' },
       version: { type: 'boolean' },
     },
@@ -360,7 +383,7 @@ async function main(argv: string[]): Promise<void> {
   const batchSize = positiveInteger('batch-size', values['batch-size']);
   only(batchSize === undefined || command === 'purge', '--batch-size', 'purge');
   only(!values.print || command === 'migrate', '--print', 'migrate');
-  for (const option of ['scope', 'limit', 'after', 'json'] as const) {
+  for (const option of ['scope', 'limit', 'after', 'json', 'response'] as const) {
     only(values[option] === undefined || command === 'keys', `--${option}`, 'keys');
   }
 
@@ -379,11 +402,15 @@ async function main(argv: string[]): Promise<void> {
       '--limit and --after',
       'keys list',
     );
+    only(!values.response || action === 'show', '--response', 'keys show');
+    const encryptionKey = process.env.IDEMPOTENCY_ENCRYPTION_KEY;
     const args = {
       scope: values.scope,
       limit: positiveInteger('limit', values.limit),
       after: values.after,
       json: values.json === true,
+      response: values.response === true,
+      encryptionKey: encryptionKey ? encryptionKey.split(',').map((k) => k.trim()) : undefined,
     };
     if (named.length === 0) {
       throw new UsageError('keys needs --database-url (or DATABASE_URL), --redis-url or --redis-cluster');

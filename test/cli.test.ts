@@ -1,4 +1,5 @@
 import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import {
   cpSync,
   existsSync,
@@ -48,12 +49,12 @@ interface Run {
 }
 
 /** Runs a built CLI as a user would, in `cwd`; a run that hangs is killed and fails the test. */
-function runCli(path: string, args: string[], cwd?: string): Promise<Run> {
+function runCli(path: string, args: string[], cwd?: string, env: NodeJS.ProcessEnv = {}): Promise<Run> {
   return new Promise((resolve) => {
     execFile(
       process.execPath,
       [path, ...args],
-      { timeout: 20_000, cwd, env: { ...process.env, DATABASE_URL: '' } },
+      { timeout: 20_000, cwd, env: { ...process.env, DATABASE_URL: '', ...env } },
       (error, stdout, stderr) => {
         const code = error ? (typeof error.code === 'number' ? error.code : -1) : 0;
         resolve({ code, stdout, stderr });
@@ -486,6 +487,57 @@ function describeKeysCommands(
     expect(unscoped.stderr).toContain('"order-1" in scope "" (the default scope)');
     expect(unscoped.stderr).toContain('--scope');
     expect(unscoped.stderr).toContain('retrysafe keys list');
+  });
+
+  it('keys show --response prints the saved answer, as text or JSON; an encrypted body opens with IDEMPOTENCY_ENCRYPTION_KEY', async () => {
+    const text = await cli('keys', 'show', 'order-1', '--scope', 'tenant', ...args, '--response');
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/^201 Created\n\nsecret body$/m);
+    const json = await cli('keys', 'show', 'order-1', '--scope', 'tenant', ...args, '--response', '--json');
+    expect(JSON.parse(json.stdout)).toMatchObject({
+      state: 'completed',
+      response: { status: 201, headers: {}, body: 'secret body' },
+    });
+    const running = await cli('keys', 'show', 'order-2', '--scope', 'tenant', ...args, '--response');
+    expect(running.stdout).toContain('no saved answer: the record is in progress');
+    // Without --response the answer stays out, as before.
+    expect((await cli('keys', 'show', 'order-1', '--scope', 'tenant', ...args)).stdout).not.toContain(
+      'secret body',
+    );
+
+    // A record saved by an engine with encryptionKey: sealed at rest, opened with the key.
+    const keyRing = [randomBytes(32).toString('base64'), randomBytes(32).toString('base64')];
+    const sealing = idempotent<string>({
+      store,
+      scope: 'sealed',
+      encryptionKey: keyRing[1]!,
+      key: (input) => input,
+    });
+    await sealing('order-s', async () => ({ note: 'sealed body' }));
+    const sealed = await cli('keys', 'show', 'order-s', '--scope', 'sealed', ...args, '--response', '--json');
+    expect(sealed.stdout).not.toContain('sealed body');
+    expect(JSON.parse(sealed.stdout).response.bodyBase64).toEqual(expect.any(String));
+    const opened = await runCli(
+      CLI,
+      ['keys', 'show', 'order-s', '--scope', 'sealed', ...args, '--response'],
+      undefined,
+      { IDEMPOTENCY_ENCRYPTION_KEY: keyRing.join(',') },
+    );
+    expect(opened.stdout).toContain('sealed body');
+    const wrongKey = await runCli(
+      CLI,
+      ['keys', 'show', 'order-s', '--scope', 'sealed', ...args, '--response'],
+      undefined,
+      { IDEMPOTENCY_ENCRYPTION_KEY: keyRing[0]! },
+    );
+    expect(wrongKey.stdout).toContain('cannot be decrypted');
+    expect(await store.delete('sealed', 'order-s')).toBe(true);
+  });
+
+  it('--response applies to keys show only', async () => {
+    const run = await cli('keys', 'list', ...args, '--response');
+    expect(run.code).not.toBe(0);
+    expect(run.stderr).toContain('--response applies to keys show only');
   });
 
   it('keys delete frees one key in one scope', async () => {

@@ -7,6 +7,7 @@ import {
   createIdempotency,
   type IdempotencyOptions,
   type IdempotencyStore,
+  IETF_DRAFT_ERRORS_URL,
   type StoredResponse,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
@@ -136,17 +137,83 @@ describe('engine outcomes', () => {
       expect(rendered.status).toBe(status);
       if (profile === 'ietf') {
         expect(rendered.headers['content-type']).toBe('application/problem+json');
-        // RFC 9457 §4.2.1: with type about:blank the title is the status phrase; the code is an extension.
+        // The draft's §2.7 documents these errors: its link is the problem's type (titled as the
+        // draft titles it) and a Link header; the code rides along as an extension member.
         expect(JSON.parse(text(rendered))).toEqual({
-          type: 'about:blank',
-          title: 'Unprocessable Entity',
+          type: IETF_DRAFT_ERRORS_URL,
+          title: 'Idempotency-Key is already used',
           status: 422,
           detail: expect.stringContaining('already used'),
           code: 'key_conflict',
         });
+        expect(rendered.headers.link).toBe(`<${IETF_DRAFT_ERRORS_URL}>; rel="describedby"`);
       } else {
         expect(JSON.parse(text(rendered))).toMatchObject({ error: 'key_conflict', key: 'k' });
+        expect(rendered.headers.link).toBeUndefined();
       }
+    }
+  });
+
+  it('docsUrl: the problem type and a describedby Link on every error; the default profile gets the Link', async () => {
+    const docsUrl = 'https://developer.example.com/idempotency';
+    for (const profile of ['default', 'ietf'] as const) {
+      const idem = engine({ profile, docsUrl, required: true });
+      const missing = await idem.handle(request(undefined), counter().run);
+      if (missing.kind !== 'rejected') throw new Error(`expected a rejection, got ${missing.kind}`);
+      const rendered = idem.render(missing.error);
+      expect(rendered.status).toBe(400);
+      expect(rendered.headers.link).toBe(`<${docsUrl}>; rel="describedby"`);
+      const body = JSON.parse(text(rendered));
+      if (profile === 'ietf') {
+        expect(body).toMatchObject({ type: docsUrl, title: 'Idempotency-Key is missing', status: 400 });
+      } else {
+        expect(body).toMatchObject({ error: 'idempotency_key_missing' });
+      }
+    }
+  });
+
+  it('docsUrl must be an absolute URL that fits a Link header', () => {
+    for (const docsUrl of ['/docs/idempotency', 'https://x.example/a b', 'https://x.example/<a>', 42]) {
+      expect(() => engine({ docsUrl: docsUrl as string })).toThrow(/`docsUrl`/);
+    }
+  });
+
+  it('the ietf profile answers a duplicate of an in-progress request 409 at once, unless concurrency is set', async () => {
+    for (const [options, expected] of [
+      [{ profile: 'ietf' }, 'rejected'],
+      [{ profile: 'ietf', concurrency: 'wait' }, 'replayed'],
+    ] as const) {
+      const gate = signal();
+      const inner = memoryStore();
+      let waits = 0;
+      // A duplicate that waits wakes the original, so a wrong answer fails instead of hanging.
+      const store: IdempotencyStore = Object.assign(Object.create(inner), {
+        wait: (scope: string, key: string, timeoutMs: number) => {
+          waits += 1;
+          gate.resolve();
+          return inner.wait(scope, key, timeoutMs);
+        },
+      });
+      const idem = engine({ ...options, store });
+      const running = signal();
+      const original = idem.handle(request('k'), async () => {
+        running.resolve();
+        await gate.promise;
+        return counter().run();
+      });
+      await running.promise;
+      const outcome = await idem.handle(request('k'), counter().run);
+      gate.resolve();
+      await original;
+      expect(outcome.kind).toBe(expected);
+      if (outcome.kind !== 'rejected') continue;
+      expect(waits).toBe(0);
+      expect(outcome.error.status).toBe(409);
+      expect(Number(outcome.error.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+      expect(JSON.parse(text(idem.render(outcome.error)))).toMatchObject({
+        title: 'A request is outstanding for this Idempotency-Key',
+        status: 409,
+      });
     }
   });
 

@@ -57,6 +57,28 @@ describe('parseIdempotencyKey', () => {
     expect(parsed).toEqual({ ok: false, reason: expect.stringContaining('more than once') });
   });
 
+  it.each([
+    ['bare', ['a,b']],
+    ['bare, spaced', ['OD-7f21, OD-7f22']],
+    ['an sf-list', ['"a", "b"']],
+  ] as const)(
+    'one Idempotency-Key line holding a comma outside quotes (%s): the comma is named, not a repeat',
+    (_name, header) => {
+      const parsed = parseIdempotencyKey(header, bounds);
+      expect(parsed).toEqual({ ok: false, reason: expect.stringContaining('a key is one sf-string') });
+      expect(parsed).toEqual({ ok: false, reason: expect.not.stringContaining('more than once') });
+    },
+  );
+
+  it('a joined value holding a comma (the lines are unknown): names the comma and a repeat', () => {
+    const parsed = parseIdempotencyKey('a,b', bounds);
+    expect(parsed).toEqual({
+      ok: false,
+      reason: expect.stringContaining('a comma is only allowed inside a quoted sf-string'),
+    });
+    expect(parsed).toEqual({ ok: false, reason: expect.stringContaining('more than once') });
+  });
+
   it('reads a quoted key holding a comma as one key', () => {
     expect(parseIdempotencyKey('"a, b"', bounds)).toEqual({ ok: true, key: 'a, b' });
   });

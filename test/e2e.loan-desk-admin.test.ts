@@ -333,3 +333,35 @@ describe.skipIf(!hasPostgres)('two desks on one PostgreSQL database', () => {
     }
   }, 60_000);
 });
+
+describe('loan desk admin API: a stored answer, decrypted, behind ADMIN_TOKEN', () => {
+  const encryptionKey = Buffer.alloc(32, 7).toString('base64');
+  const desk = deskForBlock({
+    env: { ADMIN_TOKEN: 'token-for-test', IDEMPOTENCY_ENCRYPTION_KEY: encryptionKey },
+  });
+
+  it('GET /admin/keys/:scope/:key?response=1 shows the saved status, headers and body; without the token, nothing', async () => {
+    const key = `answer-${randomUUID()}`;
+    const lent = await postLoan(desk().baseUrl, loan('2026-05-05'), { key });
+    expect(lent.status).toBe(201);
+    const path = `/admin/keys/anonymous/${encodeURIComponent(key)}?response=1`;
+    const without = await fetch(`${desk().baseUrl}${path}`);
+    expect(without.status).toBe(401);
+    expect(await without.text()).not.toContain('2026-05-05');
+    const shown = await fetch(`${desk().baseUrl}${path}`, {
+      headers: { authorization: 'Bearer token-for-test' },
+    });
+    expect(shown.status).toBe(200);
+    const { record } = await shown.json();
+    expect(record.response).toMatchObject({
+      status: 201,
+      headers: { location: expect.stringMatching(/^\/loans\//) },
+    });
+    expect(JSON.parse(record.response.body)).toEqual(lent.body);
+    // Without ?response=1 the record is its summary only.
+    const summary = await fetch(`${desk().baseUrl}${path.replace('?response=1', '')}`, {
+      headers: { authorization: 'Bearer token-for-test' },
+    });
+    expect((await summary.json()).record).not.toHaveProperty('response');
+  });
+});

@@ -1,6 +1,6 @@
 import { createHash, timingSafeEqual } from 'node:crypto';
 import { isIP } from 'node:net';
-import { ConfigError } from 'retrysafe';
+import { ConfigError, storedResponseView } from 'retrysafe';
 import { sendLiveJson as send } from './http/respond.js';
 
 const LOOPBACK_NAMES = new Set(['localhost', '127.0.0.1', '[::1]']);
@@ -74,12 +74,15 @@ export function describeAdminAccess({ adminToken, adminLoopback }, url) {
 /**
  * The desk's JSON admin API over the key store's admin methods (`list`, `get`, `delete`):
  *   GET    /admin/keys?after=&limit=&scope=   one page: {nowMs, records, next}
- *   GET    /admin/keys/:scope/:key            one record, or 404 key_not_found
+ *   GET    /admin/keys/:scope/:key            one record, or 404 key_not_found; with ?response=1
+ *                                             a completed one carries its saved answer `response`
+ *                                             ({status, headers, body | bodyBase64}), decrypted with
+ *                                             the desk's IDEMPOTENCY_ENCRYPTION_KEY
  *   DELETE /admin/keys/:scope/:key            204, or 404 key_not_found
  * `nowMs` is the desk's clock, so a page computes "expires in" without trusting the browser's.
  * Its handler takes the request's parsed URL and answers `false` for paths it does not serve.
  */
-export function adminRoutes({ store, adminToken, adminLoopback }) {
+export function adminRoutes({ store, adminToken, adminLoopback, encryptionKeys }) {
   async function answer(res, work) {
     try {
       await work();
@@ -134,7 +137,10 @@ export function adminRoutes({ store, adminToken, adminLoopback }) {
     }
     if (req.method === 'GET') {
       answer(res, async () => {
-        const record = await store.get(scope, key);
+        const found = await store.get(scope, key, { response: query.get('response') === '1' });
+        const record = found?.response
+          ? { ...found, response: storedResponseView(found.response, { encryptionKey: encryptionKeys }) }
+          : found;
         if (record) send(res, 200, { nowMs: Date.now(), record });
         else send(res, 404, { error: 'key_not_found' });
       });

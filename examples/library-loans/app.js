@@ -134,7 +134,7 @@ export function loanDesk({
   });
 
   const web = webRoutes(settings);
-  const admin = adminRoutes({ store, ...settings });
+  const admin = adminRoutes({ store, encryptionKeys, ...settings });
 
   const read = (res, query) => sendFound(res, query, 'loan_not_found');
 

@@ -14,6 +14,7 @@ export type {
   StepReplayedEvent,
   StepSavedEvent,
   StoreErrorEvent,
+  TransactionEndedEvent,
   WaitedEvent,
 } from './contract/index.js';
 export {
@@ -27,13 +28,16 @@ export {
   ConfigError,
   ErrorCode,
   eventDetail,
+  type GetKeyOptions,
   IdempotencyError,
   type IdempotencyStore,
   isAtomicStore,
   isIdempotencyError,
   isPhaseStore,
   isStepFenced,
+  isTransactionEnded,
   type KeyPage,
+  type KeyRecord,
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
@@ -44,6 +48,7 @@ export {
   type SavedStep,
   StepFencedError,
   type StoredResponse,
+  TransactionEndedError,
 } from './contract/index.js';
 export {
   type CompleterOptions,
@@ -62,6 +67,7 @@ export {
   type Duration,
   defaultStoreStatus,
   type IdempotencyOptions,
+  IETF_DRAFT_ERRORS_URL,
   parseDuration,
   REPLAYED_HEADER,
 } from './options/index.js';
@@ -84,4 +90,6 @@ export type {
   EncryptionKey,
   HeaderReader,
   ResponseCollector,
+  StoredResponseView,
 } from './response/index.js';
+export { storedResponseView } from './response/index.js';

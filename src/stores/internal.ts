@@ -4,7 +4,9 @@ import {
   type AbandonedOptions,
   type AbandonedRecord,
   ConfigError,
+  type GetKeyOptions,
   type KeyPage,
+  type KeyRecord,
   type KeyRecordSummary,
   type ListKeysOptions,
   MAX_LIST_LIMIT,
@@ -229,6 +231,30 @@ export function summaryOf(row: SummaryRow): KeyRecordSummary {
     expiresAtMs: Number(row.expires_at_ms),
     leaseUntilMs: completed ? null : Number(row.lease_until_ms),
     ...(row.steps !== null && { steps: stepsOf(row.steps).map((step) => step.name) }),
+  };
+}
+
+/** The columns a SQL store adds to its summary's for `get(…, { response: true })`. */
+export const RESPONSE_COLUMNS = 'headers, body';
+
+/** The response columns as the SQL drivers return them: headers as JSON text, or parsed (PostgreSQL's json). */
+export interface ResponseRow {
+  headers?: string | Record<string, string> | null;
+  body?: Uint8Array | null;
+}
+
+/** `summary`, with the saved response of `row` when `options` asks for it and the record is completed. */
+export function keyRecordOf(summary: KeyRecordSummary, row: ResponseRow, options?: GetKeyOptions): KeyRecord {
+  if (!options?.response || summary.state !== 'completed') return summary;
+  const { headers, body } = row;
+  return {
+    ...summary,
+    response: {
+      status: summary.status!,
+      headers:
+        typeof headers === 'string' ? (JSON.parse(headers) as Record<string, string>) : (headers ?? {}),
+      body: body ? new Uint8Array(body.buffer, body.byteOffset, body.byteLength) : new Uint8Array(0),
+    },
   };
 }
 

@@ -3,6 +3,7 @@ import type {
   AbandonedRecord,
   ClaimInput,
   ClaimResult,
+  GetKeyOptions,
   IdempotencyStore,
   KeyPage,
   KeyRecordSummary,
@@ -15,6 +16,7 @@ import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   newToken,
@@ -284,9 +286,9 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
     return keysetPage(page.map(summary), limit);
   }
 
-  async function get(scope: string, key: string) {
+  async function get(scope: string, key: string, options?: GetKeyOptions) {
     const record = live(recordId(scope, key), Date.now());
-    return record && summary(record);
+    return record && keyRecordOf(summary(record), record.response ?? {}, options);
   }
 
   async function deleteRecord(scope: string, key: string) {

@@ -8,7 +8,11 @@ import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
-import type { IdempotencyContext, IdempotencyOptions } from '../../src/core/index.js';
+import {
+  type IdempotencyContext,
+  type IdempotencyOptions,
+  IETF_DRAFT_ERRORS_URL,
+} from '../../src/core/index.js';
 import type { StoreFactory } from '../support/store-factories.js';
 
 /**
@@ -757,19 +761,29 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(app.calls['POST /text']).toBeUndefined();
           }));
 
-        it("profile 'ietf': a mismatch is 422 problem+json", () =>
+        it("profile 'ietf': a mismatch is 422 problem+json linking the draft's error section", () =>
           withApp({ profile: 'ietf' }, async (app) => {
             const key = newKey();
             await send(app, 'POST', '/orders', { key, body: { a: 1 } });
             const reply = await send(app, 'POST', '/orders', { key, body: { a: 2 } });
             expect(reply.status).toBe(422);
             expect(reply.headers.get('content-type')).toBe('application/problem+json');
+            expect(reply.headers.get('link')).toBe(`<${IETF_DRAFT_ERRORS_URL}>; rel="describedby"`);
             expect(reply.json()).toMatchObject({
-              type: 'about:blank',
-              title: 'Unprocessable Entity',
+              type: IETF_DRAFT_ERRORS_URL,
+              title: 'Idempotency-Key is already used',
               status: 422,
               code: 'key_conflict',
             });
+          }));
+
+        it('docsUrl: errors carry a describedby Link to it', () =>
+          withApp({ required: true, docsUrl: 'https://developer.example.com/idempotency' }, async (app) => {
+            const reply = await send(app, 'POST', '/orders', { body: { a: 1 } });
+            expectError(reply, 400, 'idempotency_key_missing');
+            expect(reply.headers.get('link')).toBe(
+              '<https://developer.example.com/idempotency>; rel="describedby"',
+            );
           }));
 
         it('onError renders engine errors', () =>

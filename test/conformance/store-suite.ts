@@ -11,6 +11,7 @@ import {
   type IdempotencyStore,
   isAtomicStore,
   isPhaseStore,
+  isTransactionEnded,
   type KeyRecordSummary,
   MAX_LIST_LIMIT,
   type PhaseStore,
@@ -29,6 +30,11 @@ export interface AtomicProbe<Tx = any> {
   write(tx: Tx): Promise<void> | void;
   /** Counts the committed rows, outside any transaction. */
   count(): Promise<number>;
+  /**
+   * Ends the atomic transaction as a handler's own raw `COMMIT` through `tx` would, for the stores
+   * that detect it (`TransactionEndedError`).
+   */
+  commit?(tx: Tx): Promise<void> | void;
 }
 
 export interface StoreUnderTest {
@@ -544,6 +550,26 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expect(await store.get(`${input.scope}-other`, input.key)).toBeUndefined();
       });
 
+      it("get with { response: true } shows a completed record's saved response byte for byte, and none while in progress", async () => {
+        const input = fresh();
+        const token = await acquire(input);
+        const inProgress = await store.get(input.scope, input.key, { response: true });
+        expect(inProgress).toMatchObject({ state: 'in_progress' });
+        expect(inProgress).not.toHaveProperty('response');
+
+        const saved = { ...sampleResponse('shown'), status: 202 };
+        expect(await store.complete(input.scope, input.key, token, saved)).toBe(true);
+        const shown = await store.get(input.scope, input.key, { response: true });
+        expect(shown).toMatchObject({ state: 'completed', status: 202 });
+        expect(shown!.response!.status).toBe(202);
+        expect(shown!.response!.headers).toEqual(saved.headers);
+        expect(shown!.response!.body).toBeInstanceOf(Uint8Array);
+        expect(Array.from(shown!.response!.body)).toEqual(Array.from(saved.body));
+        // Without the option a record is its summary only.
+        expect(Object.keys((await store.get(input.scope, input.key)) ?? {}).sort()).toEqual(SUMMARY_FIELDS);
+        expect(await store.get(input.scope, `${input.key}-other`, { response: true })).toBeUndefined();
+      });
+
       it('lists one scope page by page: every record once, no other scope, pages within the limit', async () => {
         const scope = `scope-${randomUUID()}`;
         const keys = Array.from({ length: 7 }, (_, i) => `key-${i}-${randomUUID()}`);
@@ -910,6 +936,37 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expect(await probeCount()).toBe(before);
         await acquire(input);
       });
+
+      for (const ending of ['returns', 'throws', 'answers 5xx'] as const) {
+        it(`a raw COMMIT in work, which then ${ending}, is caught: TransactionEndedError, and the key keeps a 500 no retry runs past`, async (context) => {
+          skipUnlessAtomic(context);
+          if (!probe?.commit) return context.skip('the probe cannot end the transaction');
+          const input = fresh();
+          const before = await probeCount();
+          let runs = 0;
+          const work = async (tx: unknown): Promise<AtomicWorkResult> => {
+            runs++;
+            await probe!.write(tx);
+            await probe!.commit!(tx);
+            if (ending === 'throws') throw new Error('after its own commit');
+            return ending === 'returns'
+              ? { response: sampleResponse(), commit: true }
+              : { response: { status: 500, headers: {}, body: new Uint8Array() }, commit: false };
+          };
+          const failure = await atomic.atomic(input, work).catch((error: unknown) => error);
+          expect(isTransactionEnded(failure)).toBe(true);
+          expect((failure as Error).message).toMatch(/ended the operation's transaction itself/);
+          expect(await probeCount()).toBe(before + 1);
+          // Every retry, in either mode, replays the kept 500 and runs nothing, even past the lease.
+          expect(await atomic.atomic(input, work)).toMatchObject({
+            outcome: 'replay',
+            response: { status: 500 },
+          });
+          expect(await atomic.claim({ ...input, leaseMs: 1 })).toMatchObject({ outcome: 'replay' });
+          expect(runs).toBe(1);
+          expect(await probeCount()).toBe(before + 1);
+        });
+      }
 
       it('work that throws rolls back and the error reaches the caller', async (context) => {
         skipUnlessAtomic(context);

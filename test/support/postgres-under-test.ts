@@ -25,6 +25,9 @@ export async function postgresUnderTest(
       async count() {
         return Number((await admin.query(`SELECT count(*) FROM "${schema}".probe`)).rows[0].count);
       },
+      async commit(tx: pg.PoolClient) {
+        await tx.query('COMMIT');
+      },
     },
     async cleanup() {
       await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);

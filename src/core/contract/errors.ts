@@ -12,6 +12,8 @@ export const ErrorCode = {
   inputNotJson: 'input_not_json',
   /** `idempotent`: work's result is not JSON or outgrew `maxResultBytes`; nothing was saved. */
   resultNotStorable: 'result_not_storable',
+  /** Atomic mode: the handler ended the operation's transaction itself; the key is not run again. */
+  transactionEnded: 'transaction_ended',
 } as const;
 export type ErrorCode = (typeof ErrorCode)[keyof typeof ErrorCode];
 
@@ -75,4 +77,19 @@ export class StepFencedError extends RetrysafeError {
 /** Whether `value` is a {@link StepFencedError}, also one from another copy of the package. */
 export function isStepFenced(value: unknown): value is StepFencedError {
   return value instanceof Error && value.name === 'StepFencedError';
+}
+
+/**
+ * Thrown by a store's `atomic` when the handler ended the operation's transaction itself (a raw
+ * `COMMIT` or `ROLLBACK`, an ORM transaction opened on a new wrapper of `ctx.tx`): its writes may be
+ * committed without the answer. The store has kept a 500 answer on the key so that no retry runs
+ * them again; the engine answers 500 and emits `transaction_ended`.
+ */
+export class TransactionEndedError extends RetrysafeError {
+  override name = 'TransactionEndedError';
+}
+
+/** Whether `value` is a {@link TransactionEndedError}, also one from another copy of the package. */
+export function isTransactionEnded(value: unknown): value is TransactionEndedError {
+  return value instanceof Error && value.name === 'TransactionEndedError';
 }

@@ -120,6 +120,18 @@ export interface StoreErrorEvent extends RequestEvent {
 }
 
 /**
+ * Atomic mode: the handler ended the operation's transaction itself (a `COMMIT` of its own, an ORM
+ * transaction on a new wrapper of `ctx.tx`), so its writes may be committed without the answer. The
+ * request answered 500 and the key keeps that answer: no retry runs the writes again.
+ */
+export interface TransactionEndedEvent extends RequestEvent {
+  type: 'transaction_ended';
+  handlerMs: number;
+  /** The store's message, naming the cause and the fix. */
+  error: unknown;
+}
+
+/**
  * The request was refused before the store was asked: `key_missing` (a `required` route),
  * `key_invalid`, `body_too_large`; or its saved response could not be read (`replay_unreadable`,
  * an `encryptionKey` that does not open it).
@@ -146,6 +158,7 @@ export type IdempotencyEvent =
   | LeaseRenewedEvent
   | LeaseLostEvent
   | StoreErrorEvent
+  | TransactionEndedEvent
   | RejectedEvent;
 
 /** The `type` of an {@link IdempotencyEvent}: `'executed'`, `'replayed'`, `'conflict'`, … */

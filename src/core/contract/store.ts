@@ -106,7 +106,10 @@ export interface ListKeysOptions {
   scope?: string;
 }
 
-/** A record as the admin API shows it: never its fingerprint, owner token, headers or body. */
+/**
+ * A record as the admin API lists it: never its fingerprint or owner token, and its saved response
+ * only when `get` is asked for it ({@link GetKeyOptions}).
+ */
 export interface KeyRecordSummary {
   scope: string;
   key: string;
@@ -123,6 +126,22 @@ export interface KeyRecordSummary {
   leaseUntilMs: number | null;
   /** The names of the operation's finished steps, in the order they were saved; absent when none. */
   steps?: string[];
+}
+
+/** What `IdempotencyStore.get` is asked for. */
+export interface GetKeyOptions {
+  /**
+   * Also read a completed record's saved response: status, headers and body as stored (sealed
+   * when the engine's `encryptionKey` sealed it; `openStoredBody` opens it).
+   * @default false
+   */
+  response?: boolean;
+}
+
+/** A record as `get` shows it: its summary and, when asked for and completed, its saved response. */
+export interface KeyRecord extends KeyRecordSummary {
+  /** The saved response, as stored; present only with `{ response: true }` on a completed record. */
+  response?: StoredResponse;
 }
 
 /** One page of `IdempotencyStore.list`. */
@@ -188,8 +207,11 @@ export interface IdempotencyStore {
    * twice if Redis rehashes during the listing.
    */
   list(options?: ListKeysOptions): Promise<KeyPage>;
-  /** The live record of `(scope, key)`, or `undefined` when there is none. */
-  get(scope: string, key: string): Promise<KeyRecordSummary | undefined>;
+  /**
+   * The live record of `(scope, key)`, or `undefined` when there is none; with `{ response: true }`
+   * a completed record comes with its saved response (for operators: "what did this key answer?").
+   */
+  get(scope: string, key: string, options?: GetKeyOptions): Promise<KeyRecord | undefined>;
   /**
    * Deletes the live record of `(scope, key)`, whatever its state, and wakes its waiters; `false`
    * when there was none. The key then names a new operation. Deleting an in-progress record lets a

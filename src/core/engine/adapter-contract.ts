@@ -29,7 +29,7 @@ export interface IdempotencyContext<Tx = unknown> {
    * A SQL store's step whose work is in the store's own database: `fn`'s writes through `tx`,
    * the saved result and a lock on the key's record commit in one transaction, so the phase is
    * exactly-once even if the process dies inside it, and a dead owner's phase never commits after
-   * its key was taken over. Needs a store with `phase` (SQLite, PostgreSQL).
+   * its key was taken over. Needs a store with `phase` (SQLite, PostgreSQL, MySQL/MariaDB, an ORM's store).
    * @example
    * await idem.phase('paid', (db) => db.prepare('UPDATE fine SET status = ? WHERE id = ?').run('paid', id));
    */

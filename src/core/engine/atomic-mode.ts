@@ -1,4 +1,5 @@
-import type { AtomicStore, ClaimInput } from '../contract/index.js';
+import type { AtomicStore, ClaimInput, TransactionEndedError } from '../contract/index.js';
+import { ErrorCode, IdempotencyError, isTransactionEnded } from '../contract/index.js';
 import type { CapturedResponse } from '../response/index.js';
 import { responseTooLarge, storeDown, toStored } from '../response/index.js';
 import type { IdempotencyContext, Outcome } from './adapter-contract.js';
@@ -68,6 +69,7 @@ export async function runAtomic<Req, Tx>(
         return { kind: 'in_progress', retryAfterMs: result.retryAfterMs };
     }
   } catch (error) {
+    if (isTransactionEnded(error)) return transactionEnded(engine, claim, error, handlerMs);
     if (handlerFailed) {
       if (emit) {
         const { key, scope } = claim;
@@ -78,4 +80,23 @@ export async function runAtomic<Req, Tx>(
     storeFailed(engine, 'atomic', claim, error);
     return { kind: 'rejected', error: storeDown(error, claim.key) };
   }
+}
+
+/**
+ * The handler ended the transaction itself: said loudly (an event and a logged error naming the
+ * fix, since a listener may be absent), and answered 500. The store kept that answer on the key.
+ */
+function transactionEnded<Req>(
+  { emit }: Engine<Req>,
+  claim: ClaimInput,
+  error: TransactionEndedError,
+  handlerMs: number,
+): Outcome {
+  const { key, scope } = claim;
+  if (emit) emit({ type: 'transaction_ended', key, scope, handlerMs, error });
+  console.error(`retrysafe: ${error.message}`);
+  return {
+    kind: 'rejected',
+    error: new IdempotencyError(500, ErrorCode.transactionEnded, error.message, {}, key, { cause: error }),
+  };
 }

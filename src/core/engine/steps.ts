@@ -126,7 +126,7 @@ export function leasedSteps<Req, Tx>(
     if (done) return done.value as T;
     if (!isPhaseStore(store)) {
       throw new ConfigError(
-        `retrysafe: ctx.phase needs a store with phases (SQLite, PostgreSQL), not ${store.name}`,
+        `retrysafe: ctx.phase needs a store with phases (SQLite, PostgreSQL, MySQL/MariaDB, an ORM's store), not ${store.name}`,
       );
     }
     return (await settle(name, true, async () => {

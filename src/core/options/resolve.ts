@@ -15,6 +15,7 @@ import {
   defaultStoreStatus,
   ENGINE_OPTION_NAMES,
   type IdempotencyOptions,
+  IETF_DRAFT_ERRORS_URL,
   REPLAYED_HEADER,
 } from './types.js';
 import { checkOptions } from './validate.js';
@@ -59,6 +60,22 @@ function headerNameOption(option: string, value: unknown): string {
   return value;
 }
 
+// Absolute, and without the characters that would end a `Link` header's `<…>` or the header itself.
+function docsUrlOption(value: unknown): string | undefined {
+  if (value === undefined) return undefined;
+  if (
+    typeof value === 'string' &&
+    URL.canParse(value) &&
+    /^[\x21-\x7e]+$/.test(value) &&
+    !/[<>]/.test(value)
+  ) {
+    return value;
+  }
+  throw new ConfigError(
+    `retrysafe: option \`docsUrl\` must be an absolute URL of printable ASCII; got ${JSON.stringify(value)}`,
+  );
+}
+
 /** The options as the engine runs with them: checked, defaulted, in milliseconds and bytes. */
 export interface ResolvedOptions<Req = unknown> {
   readonly store: IdempotencyStore;
@@ -89,6 +106,8 @@ export interface ResolvedOptions<Req = unknown> {
   readonly echoKeyHeader: string | undefined;
   readonly cipher: BodyCipher | undefined;
   readonly mismatchStatus: number;
+  /** `docsUrl` as given, or the draft's under `profile: 'ietf'`; `undefined` for none. */
+  readonly docsUrl: string | undefined;
   readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
   readonly onEvent: IdempotencyEventListener | undefined;
 }
@@ -111,8 +130,13 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
       `retrysafe: ${store.name} store has no \`renew\`, which lease mode needs to keep running handlers' claims`,
     );
   }
-  const concurrency = oneOf('concurrency', options.concurrency, ['wait', 'reject']);
   const profile = oneOf('profile', options.profile, ['default', 'ietf']);
+  // The draft (§2.7): a request retried while the original is processed SHOULD get 409.
+  const concurrency =
+    options.concurrency === undefined && profile === 'ietf'
+      ? 'reject'
+      : oneOf('concurrency', options.concurrency, ['wait', 'reject']);
+  const docsUrl = docsUrlOption(options.docsUrl) ?? (profile === 'ietf' ? IETF_DRAFT_ERRORS_URL : undefined);
   const ttlMs = toMs('ttl', options.ttl ?? '24h', { min: 1 });
   // A record must outlive its lease (expired while its owner still ran, it would let a retry run
   // the handler twice), and stores keep a record for `ttl` as given (the claim's `retainMs`): a
@@ -194,6 +218,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     echoKeyHeader: options.echoKey ? headerName.toLowerCase() : undefined,
     cipher,
     mismatchStatus,
+    docsUrl,
     onError: options.onError,
     onEvent: options.onEvent,
   });

@@ -10,6 +10,13 @@ import type { EncryptionKey } from '../response/index.js';
 import type { Duration } from './duration.js';
 import { optionNames } from './validate.js';
 
+/**
+ * The documentation `profile: 'ietf'` links its errors to when `docsUrl` is not given: the draft's
+ * section on error scenarios, which says what each of its statuses means.
+ */
+export const IETF_DRAFT_ERRORS_URL =
+  'https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header#section-2.7';
+
 /** The header a replay carries by default (`replayedHeader`). */
 export const REPLAYED_HEADER = 'idempotency-replayed';
 
@@ -97,8 +104,9 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   lease?: Duration;
   /**
-   * `wait`: a duplicate of an in-progress request waits for it; `reject`: 409 at once.
-   * @default 'wait'
+   * `wait`: a duplicate of an in-progress request waits for it; `reject`: 409 (with `Retry-After`)
+   * at once, as the IETF draft recommends (§2.7).
+   * @default 'wait'; `'reject'` with `profile: 'ietf'`
    * @example concurrency: 'reject'
    */
   concurrency?: 'wait' | 'reject';
@@ -109,11 +117,21 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   wait?: Duration;
   /**
-   * `default`: mismatch is 409 with JSON errors; `ietf`: mismatch is 422 with problem+json.
+   * `default`: mismatch is 409 with JSON errors; `ietf`: the draft's recommendations — mismatch is
+   * 422, errors are problem+json linking `docsUrl` (by default the draft's §2.7), and a duplicate
+   * of an in-progress request is 409 at once (`concurrency: 'reject'` unless set).
    * @default 'default'
    * @example profile: 'ietf'
    */
   profile?: 'default' | 'ietf';
+  /**
+   * An absolute URL documenting your idempotency contract (key format, retention, errors). Every
+   * error retrysafe renders links it with `Link: <url>; rel="describedby"`, and problem+json
+   * bodies (`profile: 'ietf'`) carry it as their `type`, as the IETF draft's examples do.
+   * @default undefined; with `profile: 'ietf'`, {@link IETF_DRAFT_ERRORS_URL}
+   * @example docsUrl: 'https://developer.example.com/idempotency'
+   */
+  docsUrl?: string;
   /**
    * The authenticated client; the same key from two scopes names two operations. A scope past
    * 1024 UTF-8 bytes is stored as a digest of it (`sha256-scope:…`), so every store indexes it.
@@ -236,6 +254,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   concurrency: true,
   wait: true,
   profile: true,
+  docsUrl: true,
   scope: true,
   scopeSecret: true,
   fingerprintBody: true,

@@ -16,6 +16,12 @@ const BARE_KEY = /^[\x21\x23-\x2b\x2d-\x7e]+$/;
 const PRINTABLE = /^[\x20-\x7e]*$/;
 
 const TWICE = 'the Idempotency-Key header appears more than once';
+// A key is one sf-string or one token: a comma outside quotes is either a key that may not hold
+// one, or two header lines joined. One line (an adapter that sees the raw lines) is the former;
+// a value joined before we see it (Web `Headers`, Fastify) may be either, so it names both.
+const COMMA =
+  'the Idempotency-Key holds a comma, which a key may not: a key is one sf-string ("…") or one token, and a comma is only allowed inside a quoted sf-string';
+const COMMA_OR_TWICE = `${COMMA} (or the Idempotency-Key header appears more than once, its lines joined by a comma)`;
 const trimOws = (value: string) => value.replace(/^[ \t]+|[ \t]+$/g, '');
 
 /**
@@ -43,13 +49,16 @@ export function keyHeaderValue(key: string, sfString: boolean): string {
 /**
  * Reads the `Idempotency-Key` header: a quoted sf-string as the IETF draft specifies
  * (`"8e03978e-40d5"`) or a bare value as Stripe and most clients send (`OD-7f21`).
- * An array, or lines joined by commas, means the header appeared more than once: always an error.
+ * An array of lines (as node:http's raw headers give them) tells one line from several: more than
+ * one is refused as a repeated header; a comma outside quotes in one line as a key that may not
+ * hold one. A single string may be lines joined by commas, so its refusal names both causes.
  */
 export function parseIdempotencyKey(
   header: string | readonly string[] | undefined,
   bounds: KeyBounds,
 ): ParsedKey {
   if (header === undefined) return { ok: 'absent' };
+  const oneLine = typeof header !== 'string';
   if (typeof header !== 'string') {
     if (header.length === 0) return { ok: 'absent' };
     if (header.length > 1) return { ok: false, reason: TWICE };
@@ -58,7 +67,7 @@ export function parseIdempotencyKey(
   // HTTP strips only spaces and tabs around a field value; String#trim would also eat Unicode spaces.
   const raw = trimOws(header);
   if (raw === '') return { ok: false, reason: 'the Idempotency-Key header is empty' };
-  if (isJoined(raw)) return { ok: false, reason: TWICE };
+  if (isJoined(raw)) return { ok: false, reason: oneLine ? COMMA : COMMA_OR_TWICE };
   let key: string;
   if (raw.startsWith('"')) {
     let item: ReturnType<typeof parseItem>;

@@ -69,22 +69,37 @@ export function render(config: ResponseShaping, error: IdempotencyError): Stored
   return { ...rendered, headers: withKeyEcho(config, rendered.headers, error.key) };
 }
 
+// The draft's titles (§2.7) for the errors it describes; a problem whose `type` is a document
+// rather than about:blank is titled by what went wrong, not by the status (RFC 9457 §3.1.3).
+const TITLES: Partial<Record<ErrorCode, string>> = {
+  [ErrorCode.keyMissing]: 'Idempotency-Key is missing',
+  [ErrorCode.keyInvalid]: 'Idempotency-Key is malformed',
+  [ErrorCode.keyConflict]: 'Idempotency-Key is already used',
+  [ErrorCode.inProgress]: 'A request is outstanding for this Idempotency-Key',
+};
+
 function renderError(config: ResponseShaping, error: IdempotencyError): StoredResponse {
   const custom = config.onError?.(error);
   if (custom) return custom;
+  const { docsUrl } = config;
+  const headers =
+    docsUrl === undefined
+      ? error.headers
+      : withHeader(error.headers, 'link', `<${docsUrl}>; rel="describedby"`);
   if (config.profile === 'ietf') {
+    const phrase = STATUS_CODES[error.status] ?? 'Error';
     // RFC 9457 §4.2.1: a problem of type about:blank is titled with the status phrase; our code
     // rides along as an extension member.
     const problem = {
-      type: 'about:blank',
-      title: STATUS_CODES[error.status] ?? 'Error',
+      type: docsUrl ?? 'about:blank',
+      title: docsUrl === undefined ? phrase : (TITLES[error.code] ?? phrase),
       status: error.status,
       detail: error.message,
       code: error.code,
     };
     return {
       status: error.status,
-      headers: withHeader(error.headers, 'content-type', 'application/problem+json'),
+      headers: withHeader(headers, 'content-type', 'application/problem+json'),
       body: Buffer.from(JSON.stringify(problem)),
     };
   }
@@ -95,7 +110,7 @@ function renderError(config: ResponseShaping, error: IdempotencyError): StoredRe
   };
   return {
     status: error.status,
-    headers: withHeader(error.headers, 'content-type', 'application/json; charset=utf-8'),
+    headers: withHeader(headers, 'content-type', 'application/json; charset=utf-8'),
     body: Buffer.from(JSON.stringify(payload)),
   };
 }

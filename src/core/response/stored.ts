@@ -11,6 +11,8 @@ export interface ResponseShaping {
   readonly echoKeyHeader: string | undefined;
   readonly cipher: BodyCipher | undefined;
   readonly mismatchStatus: number;
+  /** Linked from every rendered error (`docsUrl`); `undefined` for no link. */
+  readonly docsUrl: string | undefined;
   readonly profile: 'default' | 'ietf';
   readonly onError: ((error: IdempotencyError) => StoredResponse | undefined) | undefined;
   readonly maxBodyBytes: number;

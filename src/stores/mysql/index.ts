@@ -25,9 +25,12 @@ import {
   abandonedLimit,
   abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   purgeInBatches,
+  RESPONSE_COLUMNS,
+  type ResponseRow,
   recordId,
   requirePositiveInteger,
   type SummaryRow,
@@ -538,11 +541,15 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
       return keysetPage(rows.map(summaryOfRow), limit);
     },
 
-    async get(scope, key) {
+    async get(scope, key, options) {
+      const columns = options?.response ? `${sql.SUMMARY}, ${RESPONSE_COLUMNS}` : sql.SUMMARY;
       const [row] = await own(() =>
-        run<MysqlSummaryRow[]>(pool, `SELECT ${sql.SUMMARY} FROM ${t} WHERE ${sql.LIVE}`, { scope, key }),
+        run<(MysqlSummaryRow & ResponseRow)[]>(pool, `SELECT ${columns} FROM ${t} WHERE ${sql.LIVE}`, {
+          scope,
+          key,
+        }),
       );
-      return row && summaryOfRow(row);
+      return row && keyRecordOf(summaryOfRow(row), row, options);
     },
 
     async delete(scope, key) {

@@ -18,9 +18,11 @@ import {
   abandonedLimit,
   abandonedOf,
   DEFAULT_PURGE_BATCH_SIZE,
+  keyRecordOf,
   keysetPage,
   listRequest,
   purgeInBatches,
+  type ResponseRow,
   requirePositiveInteger,
   type SummaryRow,
   summaryOf,
@@ -28,6 +30,7 @@ import {
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
+import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
 import { identifier, migrateIn, postgresMigrationSql } from './migrate.js';
 import {
   prepare,
@@ -255,7 +258,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     takeOver: { ...named('atomic_take_over', sql.TAKE_OVER), types: CLAIM_TYPES },
     // Sent with the COMMIT in one round trip (statements.ts says why it divides by its count).
     complete: {
-      ...named('atomic_complete', sql.ATOMIC_COMPLETE),
+      ...named('atomic_complete', sql.GUARDED_ATOMIC_COMPLETE),
       types: ['text', 'text', 'text', 'integer', 'json', 'bytea'],
     },
   } satisfies Record<string, TypedStatement>;
@@ -362,6 +365,13 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     }
   }
 
+  async function complete(scope: string, key: string, token: string, response: StoredResponse) {
+    const { rowCount } = await own(() =>
+      run(COMPLETE, [...completeValues(scope, key, token, response), channel, notifyId(scope, key)]),
+    );
+    return rowCount === 1;
+  }
+
   return {
     name: 'postgres',
     pool,
@@ -374,12 +384,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       );
     },
 
-    async complete(scope, key, token, response) {
-      const { rowCount } = await own(() =>
-        run(COMPLETE, [...completeValues(scope, key, token, response), channel, notifyId(scope, key)]),
-      );
-      return rowCount === 1;
-    },
+    complete,
 
     async release(scope, key, token) {
       const { rowCount } = await own(() => run(RELEASE, [scope, key, token, channel, notifyId(scope, key)]));
@@ -427,9 +432,10 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
       return keysetPage(rows.map(summaryOf), limit);
     },
 
-    async get(scope, key) {
-      const { rows } = await own(() => pool.query<SummaryRow>(sql.GET, [scope, key]));
-      return rows[0] && summaryOf(rows[0]);
+    async get(scope, key, options) {
+      const text = options?.response ? sql.GET_WITH_RESPONSE : sql.GET;
+      const { rows } = await own(() => pool.query<SummaryRow & ResponseRow>(text, [scope, key]));
+      return rows[0] && keyRecordOf(summaryOf(rows[0]), rows[0], options);
     },
 
     async delete(scope, key) {
@@ -498,6 +504,13 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     // A connection that dies between our queries (while the handler awaits something else)
     // would otherwise emit an unhandled 'error'; the next query on it rejects instead.
     let broken: Error | undefined;
+    let claimedToken: string | undefined;
+    /** Whether the handler ended the transaction that claimed (a COMMIT of its own); false if unsure. */
+    const ended = () =>
+      client
+        .query<{ ended: boolean }>(sql.ENDED)
+        .then(({ rows }) => rows[0]?.ended === true)
+        .catch(() => false);
     const onError = (error: Error) => {
       broken = error;
     };
@@ -546,21 +559,25 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
           throw error;
         }
       };
+      // An atomic claim's lease is its retention: no one sees it before it commits with its answer,
+      // unless a handler committed it early, and such a record must never be taken over.
+      const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
       let claimed: ClaimResult;
       try {
-        claimed = await claimRecord(query, input).catch(async (error) => {
+        claimed = await claimRecord(query, claim).catch(async (error) => {
           // DISCARD ALL or DEALLOCATE (the app, a pooler) dropped our statements: prepare again, once.
           if ((error as { code?: string }).code !== MISSING_PREPARED_STATEMENT) throw error;
           await client.query('ROLLBACK');
           preparedOn.delete(client);
           await prepare(client, ATOMIC_STATEMENTS, timeoutMs);
           begin = BEGIN;
-          return claimRecord(query, input);
+          return claimRecord(query, claim);
         });
       } catch (error) {
         if ((error as { code?: string }).code !== LOCK_NOT_AVAILABLE) throw error;
         claimed = { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS };
       }
+      if (claimed.outcome === 'acquired') claimedToken = claimed.token;
       if (claimed.outcome !== 'acquired') {
         // The claim wrote nothing: its ROLLBACK is sent and not waited for, so a replay answers
         // after one round trip, not two. The client goes back to the pool meanwhile; a pg client
@@ -569,16 +586,27 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
         client.query('ROLLBACK').catch(() => undefined);
         return claimed;
       }
-      const result = await work(client);
+      let result: AtomicWorkResult;
+      try {
+        result = await work(client);
+      } catch (error) {
+        // Rolled back below, unless the handler had ended the transaction first.
+        if (await ended()) throw new Ended(error);
+        throw error;
+      }
       if (!result.commit) {
+        if (await ended()) throw new Ended(undefined);
         await client.query('ROLLBACK');
         return { outcome: 'executed', response: result.response, committed: false };
       }
       const values = completeValues(input.scope, input.key, claimed.token, result.response);
       try {
+        // The completion must find the record claimed by this very transaction (its xmin), so a
+        // transaction the handler committed itself fails here rather than completing in autocommit.
         await client.query(`${withValues(ATOMIC.complete, values, !transactionPooling)}; COMMIT`);
       } catch (error) {
         if ((error as { code?: string }).code !== DIVISION_BY_ZERO) throw error;
+        if (await ended()) throw new Ended(error);
         throw new RetrysafeError('postgresStore: the atomic claim was lost before commit', { cause: error });
       }
       return { outcome: 'executed', response: result.response, committed: true };
@@ -588,7 +616,12 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
           broken ??= rollbackError;
         });
       }
-      throw error;
+      if (!(error instanceof Ended)) throw error;
+      // The claim committed with the handler's writes: keep an answer on it so no retry runs them again.
+      await complete(input.scope, input.key, claimedToken as string, TRANSACTION_ENDED_RESPONSE).catch(
+        () => false,
+      );
+      throw transactionEnded('postgresStore', input.key, error.cause);
     } finally {
       client.off('error', onError);
       client.release(broken);

@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import type { ClaimInput, ClaimResult, SavedStep } from '../../core/contract/index.js';
-import { SUMMARY_COLUMNS, stepsOf } from '../internal.js';
+import { RESPONSE_COLUMNS, SUMMARY_COLUMNS, stepsOf } from '../internal.js';
 
 /** Now on the database server's clock, in ms: every time a store compares comes from it. */
 export const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
@@ -12,29 +12,40 @@ export const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
  * `void` column, which some drivers cannot decode.
  */
 export function postgresStatements(t: string) {
+  const NOW = `n AS (SELECT ${NOW_MS} AS ms)`;
+  // The bounded claim (atomic mode over a driver) sets its own lock and statement timeouts ($7,
+  // $8) before it inserts or locks, and sets them back to the session's defaults once it has its
+  // row, so the handler's statements never run under them: one round trip where the `pg` store
+  // pipelines three statements in a simple query, which no ORM can send.
+  const BOUNDS = `bounds AS MATERIALIZED (SELECT set_config('lock_timeout', $7, true) AS l,
+      set_config('statement_timeout', $8, true) AS s),
+    n AS (SELECT ${NOW_MS} AS ms FROM bounds)`;
+  const UNBOUND = `, set_config('lock_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true) AS l,
+      set_config('statement_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'), true) AS s`;
   // One round trip for the common cases: a new key inserts; an existing one is read back in the
   // same statement. DO NOTHING, unlike DO UPDATE, neither locks nor writes the existing row, so
   // replays of a hot key run in parallel. The read uses the statement's snapshot and so misses a
   // row committed while the insert waited on it; the caller then asks again.
-  const CLAIM = `WITH n AS (SELECT ${NOW_MS} AS ms),
+  const claim = (bounded: boolean) => `WITH ${bounded ? BOUNDS : NOW},
     ins AS (
       INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
       SELECT $1, $2, $3, $4, n.ms + $5, n.ms, n.ms + $6 FROM n
       ON CONFLICT (scope, key) DO NOTHING
       RETURNING token)
     SELECT true AS acquired, NULL AS fingerprint, false AS completed, NULL AS lease_left_ms,
-      false AS claimable, NULL::integer AS status, NULL::json AS headers, NULL::bytea AS body
+      false AS claimable, NULL::integer AS status, NULL::json AS headers, NULL::bytea AS body${bounded ? UNBOUND : ''}
     FROM ins
     UNION ALL
     SELECT false, fingerprint, completed_at_ms IS NOT NULL, lease_until_ms - n.ms,
       expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3),
-      status, headers, body
+      status, headers, body${bounded ? UNBOUND : ''}
     FROM ${t}, n
     WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM ins)`;
+  const CLAIM = claim(false);
   // A row is taken over when its retention has passed (a new operation), or when it is in progress
   // with a passed lease and the same fingerprint (a retry taking over a dead owner). The WHERE is
   // checked again under the row lock, so of concurrent takeovers exactly one wins.
-  const TAKE_OVER = `WITH n AS (SELECT ${NOW_MS} AS ms)
+  const takeOver = (bounded: boolean) => `WITH ${bounded ? BOUNDS : NOW}
     UPDATE ${t} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
       expires_at_ms = n.ms + $6, completed_at_ms = NULL, status = NULL, headers = NULL,
       body = NULL,
@@ -43,7 +54,8 @@ export function postgresStatements(t: string) {
     FROM n
     WHERE scope = $1 AND key = $2
       AND (expires_at_ms <= n.ms OR (completed_at_ms IS NULL AND lease_until_ms <= n.ms AND fingerprint = $3))
-    RETURNING steps`;
+    RETURNING steps${bounded ? UNBOUND : ''}`;
+  const TAKE_OVER = takeOver(false);
   const LEASE_LEFT = `SELECT lease_until_ms - n.ms AS lease_left_ms FROM ${t}, (SELECT ${NOW_MS} AS ms) n
     WHERE scope = $1 AND key = $2 AND completed_at_ms IS NULL AND lease_until_ms > n.ms
       AND expires_at_ms > n.ms`;
@@ -92,12 +104,17 @@ export function postgresStatements(t: string) {
   // transaction ever sees this record in progress, so no one waits on it, and a NOTIFY takes a
   // database-wide lock at commit that serialises every notifying commit (measured: a third of
   // the keyed desk's backends waiting on it under load).
-  const ATOMIC_COMPLETE = `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
+  // Over a driver, the record must also have been claimed by this very transaction (its xmin), so
+  // that a transaction the handler committed itself fails here instead of completing in autocommit.
+  const CLAIMED_HERE = ' AND xmin::text = (txid_current() % 4294967296)::text';
+  const atomicComplete = (guarded: boolean) => `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
       UPDATE ${t} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
-      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
+      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms${guarded ? CLAIMED_HERE : ''}
       RETURNING 1)
     SELECT 1 / count(*)::int AS done FROM done`;
-  const GET = `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`;
+  const ATOMIC_COMPLETE = atomicComplete(false);
+  const get = (columns: string) =>
+    `SELECT ${columns} FROM ${t} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`;
   /** One page of `list`: `limit + 1` rows, so the caller knows whether another page follows. */
   function list(limit: number, page: { scope: string | undefined; after: string[] | undefined }) {
     const values: (string | number)[] = [limit + 1];
@@ -110,8 +127,13 @@ export function postgresStatements(t: string) {
       WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT $1`;
     return { text, values };
   }
+  // Whether the transaction that claimed has ended under us: it got an id with its claim, so a
+  // statement that finds none runs outside it (autocommit, after the handler's own COMMIT).
+  const ENDED = 'SELECT txid_current_if_assigned() IS NULL AS ended';
   return {
-    GET,
+    ENDED,
+    GET: get(SUMMARY_COLUMNS),
+    GET_WITH_RESPONSE: get(`${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS}`),
     list,
     CLAIM,
     TAKE_OVER,
@@ -125,6 +147,9 @@ export function postgresStatements(t: string) {
     RENEW,
     PURGE,
     ATOMIC_COMPLETE,
+    BOUNDED_CLAIM: claim(true),
+    BOUNDED_TAKE_OVER: takeOver(true),
+    GUARDED_ATOMIC_COMPLETE: atomicComplete(true),
   };
 }
 

@@ -95,14 +95,20 @@ function answerOfRecord(value: Buffer, fingerprint: string): ClaimResult | undef
     const saved = value.toString('utf8', at, stepsAt === -1 ? value.length : stepsAt);
     return saved === fingerprint ? undefined : { outcome: 'mismatch' };
   }
+  const completed = completedRecord(value);
+  if (completed.fingerprint !== fingerprint) return { outcome: 'mismatch' };
+  return { outcome: 'replay', response: completed.response };
+}
+
+/** A completed string record's fingerprint and saved response. */
+function completedRecord(value: Buffer): { fingerprint: string; response: StoredResponse } {
   const created = value.indexOf(NEWLINE, 2) + 1;
   const length = value.indexOf(NEWLINE, created) + 1;
   const headers = value.indexOf(NEWLINE, length) + 1;
   const rest = value.indexOf(NEWLINE, headers) + 1;
   const body = rest + Number(value.toString('latin1', length, headers - 1));
-  if (value.toString('utf8', rest, body) !== fingerprint) return { outcome: 'mismatch' };
   return {
-    outcome: 'replay',
+    fingerprint: value.toString('utf8', rest, body),
     response: {
       status: Number(value.toString('latin1', created, length - 1)),
       headers: JSON.parse(value.toString('utf8', headers, rest - 1)),
@@ -400,6 +406,21 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     return groups.flatMap((group, g) => summariesOf(group, replies[g]!));
   }
 
+  /** The saved response of the completed record `id`: a string record, or a 0.1.0 hash. */
+  async function savedResponse(id: string): Promise<StoredResponse | undefined> {
+    if ((await client.type(id)) === 'hash') {
+      const [status, headers, body] = await client.hmgetBuffer(id, 'status', 'headers', 'body');
+      if (!status) return undefined;
+      return {
+        status: Number(String(status)),
+        headers: JSON.parse(String(headers ?? '{}')),
+        body: body ?? Buffer.alloc(0),
+      };
+    }
+    const value = await client.getBuffer(id);
+    return value && value[0] !== IN_PROGRESS ? completedRecord(value).response : undefined;
+  }
+
   function summariesOf(ids: string[], [nowMs, rows]: SummaryReply): KeyRecordSummary[] {
     return ids.flatMap((id, i) => {
       const [state, status, leaseUntilMs, createdAtMs, expiresInMs, steps] = rows[i]!;
@@ -580,9 +601,14 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       }
     },
 
-    async get(scope, key) {
+    async get(scope, key, options) {
       await connected();
-      return (await summaries([redisKey(scope, key)]))[0];
+      const id = redisKey(scope, key);
+      const summary = (await summaries([id]))[0];
+      if (!options?.response || summary?.state !== 'completed') return summary;
+      // A completed record never changes until it expires; gone meanwhile, it is reported gone.
+      const response = await savedResponse(id);
+      return response && { ...summary, response };
     },
 
     async delete(scope, key) {

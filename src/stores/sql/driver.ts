@@ -34,7 +34,11 @@ export interface SqlDriver<Tx> {
    */
   transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T>;
   /** Runs one statement inside `tx`, a transaction `transaction()` opened. */
-  queryIn<Row = Record<string, unknown>>(tx: Tx, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>>;
+  queryIn<Row = Record<string, unknown>>(
+    tx: Tx,
+    sql: string,
+    params: readonly unknown[],
+  ): Promise<SqlResult<Row>>;
   /**
    * The database's own code for `error` (PostgreSQL's SQLSTATE such as `55P03`, MySQL's such as
    * `ER_LOCK_WAIT_TIMEOUT`, SQLite's such as `SQLITE_BUSY`), however the driver wrapped it; `undefined`

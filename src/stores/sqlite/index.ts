@@ -9,6 +9,7 @@ import type {
   AtomicWorkResult,
   ClaimInput,
   ClaimResult,
+  GetKeyOptions,
   KeyPage,
   ListKeysOptions,
   PhaseStore,
@@ -21,11 +22,14 @@ import {
   type AbandonedRow,
   abandonedLimit,
   abandonedOf,
+  keyRecordOf,
   keysetPage,
   listRequest,
   newToken,
   pacedDeletes,
   purgeInBatches,
+  RESPONSE_COLUMNS,
+  type ResponseRow,
   recordId,
   requirePositiveInteger,
   SUMMARY_COLUMNS,
@@ -349,6 +353,9 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   const selectSummary = db.prepare(
     `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
+  );
+  const selectWithResponse = db.prepare(
+    `SELECT ${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
   );
   const deleteStatement = db.prepare(`DELETE FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`);
   // One statement per shape, each a range scan of the primary key, so a deep page costs no more
@@ -769,9 +776,10 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     return keysetPage(rows.map(summaryOf), limit);
   }
 
-  async function get(scope: string, key: string) {
-    const row = selectSummary.get(scope, key, now()) as SummaryRow | undefined;
-    return row && summaryOf(row);
+  async function get(scope: string, key: string, options?: GetKeyOptions) {
+    const statement = options?.response ? selectWithResponse : selectSummary;
+    const row = statement.get(scope, key, now()) as (SummaryRow & ResponseRow) | undefined;
+    return row && keyRecordOf(summaryOf(row), row, options);
   }
 
   async function deleteRecord(scope: string, key: string) {
