@@ -43,6 +43,7 @@ describe.skipIf(!hasPostgres)('prisma', () => {
         // The application's own write, through the ORM on the operation's transaction.
         write: async (tx: Tx) => void (await tx.order.create({ data: { item: 'probe' } })),
         count: db.count,
+        commit: async (tx: Tx) => void (await tx.$executeRawUnsafe('COMMIT')),
       },
       cleanup: db.close,
     } satisfies StoreUnderTest;
@@ -65,6 +66,11 @@ describe('prisma driver without a database', () => {
     for (const sql of counts) expect(answersRows(sql), sql).toBe(false);
     expect(answersRows("WITH a AS (SELECT ')' AS p) UPDATE t SET p = a.p FROM a")).toBe(false);
     expect(answersRows('WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a RETURNING id')).toBe(true);
+  });
+
+  it('refuses what is not a Prisma client, naming what it wants', () => {
+    expect(() => prismaStore({} as never)).toThrow(/give a PrismaClient/);
+    expect(() => prismaDriver(null as never)).toThrow(/give a PrismaClient/);
   });
 
   it("opens Prisma's interactive transaction with generous limits, or the ones given", async () => {

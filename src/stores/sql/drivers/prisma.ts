@@ -1,5 +1,8 @@
+import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+
+export type { SqlStore, SqlStoreOptions } from '../store.js';
 
 /** What the driver runs statements on: a `PrismaClient` or its interactive transaction client. */
 interface PrismaRaw {
@@ -25,7 +28,7 @@ export interface PrismaClientLike extends PrismaRaw {
 
 /**
  * The interactive transaction client `prisma.$transaction(async (tx) => …)` hands its callback:
- * the client without `$connect`, `$disconnect`, `$on` and `$extends`. `$transaction`'s last
+ * the client without `$connect`, `$disconnect`, `$on`, `$use` and `$extends`. `$transaction`'s last
  * overload is the callback form, which `Parameters` reads.
  */
 export type PrismaTransaction<Client extends PrismaClientLike> = Parameters<
@@ -54,6 +57,16 @@ export function prismaDriver<Client extends PrismaClientLike>(
   prisma: Client,
   transactionOptions: PrismaTransactionOptions = {},
 ): SqlDriver<PrismaTransaction<Client>> {
+  const client = prisma as Partial<PrismaClientLike> | null;
+  if (
+    typeof client?.$transaction !== 'function' ||
+    typeof client.$queryRawUnsafe !== 'function' ||
+    typeof client.$executeRawUnsafe !== 'function'
+  ) {
+    throw new ConfigError(
+      'prismaStore: give a PrismaClient (Prisma 7, with a driver adapter such as @prisma/adapter-pg)',
+    );
+  }
   const options = { ...DEFAULT_TRANSACTION_OPTIONS, ...transactionOptions };
   return {
     dialect: 'postgres',
@@ -65,7 +78,20 @@ export function prismaDriver<Client extends PrismaClientLike>(
   };
 }
 
-/** `sqlStore(prismaDriver(prisma), options)`: retrysafe's records in the database Prisma talks to. */
+/**
+ * A retrysafe store on the database a Prisma 7 client writes to. In atomic mode a handler's
+ * `ctx.tx` is Prisma's interactive transaction client: the key, the handler's writes through it
+ * and the saved answer commit together, and `ctx.tx.$transaction(async (inner) => …)` is a
+ * savepoint inside it (the array form `$transaction([…])` is not: Prisma runs it apart).
+ * @example
+ * ```ts
+ * import { PrismaPg } from '@prisma/adapter-pg';
+ * import { prismaStore } from 'retrysafe/prisma';
+ * import { PrismaClient } from './generated/prisma/client.js';
+ * const prisma = new PrismaClient({ adapter: new PrismaPg({ connectionString: process.env.DATABASE_URL }) });
+ * const store = prismaStore(prisma, { migrate: true });
+ * ```
+ */
 export function prismaStore<Client extends PrismaClientLike>(
   prisma: Client,
   options: PrismaStoreOptions = {},
