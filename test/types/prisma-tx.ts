@@ -28,3 +28,13 @@ guard(async (_req, _res, idem) => {
 
 // @ts-expect-error a store option that does not exist
 prismaStore(prisma, { transactionTimeout: 1 });
+
+// An extended client's own methods are on its transaction client too.
+const extended = prisma.$extends({ model: { order: { placedToday: async () => 1 } } });
+prismaStore(extended).atomic(
+  { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1, retainMs: 1 },
+  async (tx) => {
+    const placed: number = await tx.order.placedToday();
+    return { response: { status: 201, headers: {}, body: new Uint8Array() }, commit: placed > 0 };
+  },
+);
