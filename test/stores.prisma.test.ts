@@ -167,6 +167,12 @@ describe.skipIf(!hasPostgres)('prisma driver specifics', () => {
       affected: 1,
     });
     expect(await driver.query(`DELETE FROM ${t} WHERE id = $1`, [2])).toEqual({ rows: [], affected: 0 });
+    // A plain Uint8Array (not a Buffer) goes as bytea too, an empty one included.
+    const plain = await driver.query<{ b: Uint8Array; e: Uint8Array }>(
+      'SELECT $1::bytea AS b, $2::bytea AS e',
+      [new Uint8Array([1, 2]), new Uint8Array(0)],
+    );
+    expect(plain.rows.map(({ b, e }) => [[...b], [...e]])).toEqual([[[1, 2], []]]);
   });
 
   it("reports the database's error code from a failed statement, in and out of a transaction", async () => {
