@@ -8,6 +8,7 @@ import { idempotency } from '../src/adapters/node.js';
 import type { ClaimInput } from '../src/core/contract/index.js';
 import { postgresStatements } from '../src/stores/postgres/statements.js';
 import { answersRows, prismaDriver, prismaErrorCode, prismaStore } from '../src/stores/sql/drivers/prisma.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance, type StoreUnderTest } from './conformance/store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { textResponse } from './support/store-calls.js';
@@ -34,23 +35,27 @@ async function prismaIn(schema: string) {
 type Prisma = InstanceType<typeof PrismaClient>;
 type Tx = Parameters<Parameters<Prisma['$transaction']>[0]>[0];
 
+/** A Prisma store in a schema of its own; the atomic-mode probe writes through the ORM's tx. */
+async function prismaUnderTest(): Promise<StoreUnderTest> {
+  const schema = uniqueName('rs_prisma_conf');
+  const db = await prismaIn(schema);
+  const store = prismaStore(db.prisma, { schema });
+  await store.migrate();
+  return {
+    store,
+    atomicProbe: {
+      // The application's own write, through the ORM on the operation's transaction.
+      write: async (tx: Tx) => void (await tx.order.create({ data: { item: 'probe' } })),
+      count: db.count,
+      commit: async (tx: Tx) => void (await tx.$executeRawUnsafe('COMMIT')),
+    },
+    cleanup: db.close,
+  };
+}
+
 describe.skipIf(!hasPostgres)('prisma', () => {
-  describeStoreConformance('prisma 7 + @prisma/adapter-pg (lease and atomic mode)', async () => {
-    const schema = uniqueName('rs_prisma_conf');
-    const db = await prismaIn(schema);
-    const store = prismaStore(db.prisma, { schema });
-    await store.migrate();
-    return {
-      store,
-      atomicProbe: {
-        // The application's own write, through the ORM on the operation's transaction.
-        write: async (tx: Tx) => void (await tx.order.create({ data: { item: 'probe' } })),
-        count: db.count,
-        commit: async (tx: Tx) => void (await tx.$executeRawUnsafe('COMMIT')),
-      },
-      cleanup: db.close,
-    } satisfies StoreUnderTest;
-  });
+  describeStoreConformance('prisma 7 + @prisma/adapter-pg (lease and atomic mode)', prismaUnderTest);
+  describeIdempotentConformance('prisma', prismaUnderTest);
 });
 
 describe('prisma driver without a database', () => {
