@@ -7,7 +7,13 @@ import { PrismaClient } from '../examples/orm/prisma/generated/client.js';
 import { idempotency } from '../src/adapters/node.js';
 import type { ClaimInput } from '../src/core/contract/index.js';
 import { postgresStatements } from '../src/stores/postgres/statements.js';
-import { answersRows, prismaDriver, prismaErrorCode, prismaStore } from '../src/stores/sql/drivers/prisma.js';
+import {
+  answersRows,
+  type PrismaTransaction,
+  prismaDriver,
+  prismaErrorCode,
+  prismaStore,
+} from '../src/stores/sql/drivers/prisma.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance, type StoreUnderTest } from './conformance/store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
@@ -33,7 +39,7 @@ async function prismaIn(schema: string) {
 }
 
 type Prisma = InstanceType<typeof PrismaClient>;
-type Tx = Parameters<Parameters<Prisma['$transaction']>[0]>[0];
+type Tx = PrismaTransaction<Prisma>;
 
 /** A Prisma store in a schema of its own; the atomic-mode probe writes through the ORM's tx. */
 async function prismaUnderTest(): Promise<StoreUnderTest> {
