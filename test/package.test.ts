@@ -1,6 +1,16 @@
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import {
   checkQuickStart,
@@ -10,6 +20,7 @@ import {
   TARBALL,
   typeCheckAsUser,
 } from './support/quick-start.js';
+import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 
 /**
  * The package as a user gets it, following the README's install words: a fresh checkout (this
@@ -200,3 +211,68 @@ describe('a CommonJS project', () => {
     },
   );
 });
+
+/** The ORM quick starts (`examples/orm/<orm>/`) and the packages each needs beside the tarball. */
+const ORM_PEERS: Record<string, string[]> = {
+  drizzle: ['drizzle-orm', 'pg'],
+  kysely: ['kysely', 'pg'],
+  knex: ['knex', 'pg'],
+  typeorm: ['typeorm', 'pg', 'reflect-metadata'],
+  prisma: ['@prisma/client', '@prisma/adapter-pg', 'pg'],
+};
+const ORMS = Object.keys(ORM_PEERS).filter((orm) => existsSync(join(root, 'examples/orm', orm, 'app.js')));
+
+describe.skipIf(!hasPostgres)(
+  'the ORM quick starts in an ES-module project, each on a database of its own',
+  () => {
+    let dir: string;
+    const admin = new pg.Pool({ connectionString: PG_URL, max: 1 });
+    const databases: string[] = [];
+    beforeAll(() => {
+      dir = project('esm-orm', { type: 'module' }, [...new Set(Object.values(ORM_PEERS).flat())]);
+    }, 120_000);
+    afterAll(async () => {
+      for (const name of databases) await admin.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
+      await admin.end();
+    });
+
+    it.each(ORMS)(
+      'runs the %s quick start: an order once per key, a conflict for another item',
+      { timeout: 60_000 },
+      async (orm) => {
+        // The folder as a user copies it, generated files (Prisma's client, made by `npm run build`) included.
+        cpSync(join(root, 'examples/orm', orm), join(dir, orm), { recursive: true });
+        const database = uniqueName(`rs_pkg_${orm}`);
+        await admin.query(`CREATE DATABASE "${database}"`);
+        databases.push(database);
+        const url = new URL(PG_URL);
+        url.pathname = `/${database}`;
+        await serveOneReplay({
+          command: process.execPath,
+          args: [join(dir, orm, 'app.js')],
+          cwd: join(dir, orm),
+          env: { DATABASE_URL: url.toString() },
+          async check(base) {
+            const post = (item: string) =>
+              fetch(`${base}/orders`, {
+                method: 'POST',
+                headers: { 'content-type': 'application/json', 'idempotency-key': `${orm}-1` },
+                body: JSON.stringify({ item }),
+                signal: AbortSignal.timeout(15_000),
+              });
+            const first = await post('book');
+            expect(first.status).toBe(201);
+            const order = await first.json();
+            expect(order).toMatchObject({ id: expect.anything(), item: 'book' });
+            const retry = await post('book');
+            expect(retry.headers.get('idempotency-replayed')).toBe('true');
+            expect(await retry.json()).toEqual(order);
+            expect((await post('pen')).status).toBe(409);
+            const orders = await (await fetch(`${base}/orders`)).json();
+            expect(orders).toEqual([order]);
+          },
+        });
+      },
+    );
+  },
+);
