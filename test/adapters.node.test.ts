@@ -12,6 +12,7 @@ import {
   plan,
   type RunningApp,
 } from './conformance/adapter-suite.js';
+import { knex, kysely, typeorm } from './support/orm-store-factories.js';
 import {
   memory,
   mysql,
@@ -57,6 +58,8 @@ const nodeAdapter: AdapterUnderTest = {
 };
 
 describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, mysql, redis]);
+// The ORM stores through one adapter: the engine's atomic path over each ORM's transaction.
+describeAdapterConformance(nodeAdapter, [kysely, knex, typeorm]);
 
 const MiB = 1024 * 1024;
 

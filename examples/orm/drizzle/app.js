@@ -28,6 +28,13 @@ const server = http.createServer(
     if (typeof item !== 'string') return json(res, 400, { error: 'send {"item": "…"}' });
     // ctx.tx is Drizzle's transaction; without a key the order is written on its own.
     const write = async (tx) => {
+      if (item === 'nested-then-fail') {
+        // Drizzle's nested transaction: a savepoint, released into the outer transaction.
+        await tx.transaction((nested) => nested.insert(orders).values({ item }));
+        throw new Error('failed after the nested transaction');
+      }
+      // Ends the operation's transaction under retrysafe: it notices, and answers 500.
+      if (item === 'raw-commit') await tx.execute(sql`COMMIT`);
       const [order] = await tx.insert(orders).values({ item }).returning();
       if (item === 'fail-after-write') throw new Error('failed after writing the order');
       if (item === 'slow') await sleep(3000);

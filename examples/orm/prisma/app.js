@@ -24,8 +24,15 @@ await prisma.$executeRawUnsafe(
 const store = prismaStore(prisma, { table: 'prisma_idempotency_keys', migrate: true });
 const guard = idempotency({ store, mode: 'atomic' });
 
-/** Writes the order on `tx`; the two test items then fail or take their time, inside the transaction. */
+/** Writes the order on `tx`; the test items fail, end the transaction or take their time in it. */
 async function placeOrder(tx, item) {
+  if (item === 'nested-then-fail') {
+    // Prisma's nested interactive transaction: a savepoint, released into the outer transaction.
+    await tx.$transaction((nested) => nested.order.create({ data: { item } }));
+    throw new Error('failed after the nested transaction');
+  }
+  // Ends the operation's transaction under retrysafe: it notices, and answers 500.
+  if (item === 'raw-commit') await tx.$executeRawUnsafe('COMMIT');
   const order = await tx.order.create({ data: { item } });
   if (item === 'fail-after-write') throw new Error('the order failed after it was written');
   if (item === 'slow') await sleep(3000);

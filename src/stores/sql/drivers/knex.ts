@@ -1,0 +1,97 @@
+import type { Knex } from 'knex';
+import { ConfigError } from '../../../core/contract/index.js';
+import { databaseErrorCode, type SqlDriver, type SqlResult } from '../driver.js';
+import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+
+export type { SqlStore, SqlStoreOptions } from '../store.js';
+
+/**
+ * PostgreSQL's `$n` placeholders as Knex's `?`, with the values in the order they are used (a
+ * `$n` used twice is bound twice). Knex binds every `?` in a raw statement's text, even in a
+ * string literal, and reads `??` as an identifier: each `?` already there (a jsonb operator, a
+ * literal) is escaped as `\?`, which Knex sends as a plain `?`.
+ */
+export function knexPlaceholders(
+  sql: string,
+  params: readonly unknown[],
+): { sql: string; bindings: unknown[] } {
+  const bindings: unknown[] = [];
+  const text = sql.replace(/'(?:[^']|'')*'|"(?:[^"]|"")*"|\$(\d+)|\?/g, (match, n: string | undefined) => {
+    if (n === undefined) return match.replaceAll('?', '\\?');
+    const index = Number(n) - 1;
+    if (index >= params.length)
+      throw new RangeError(`knexDriver: $${n} in a statement given ${params.length} values`);
+    bindings.push(params[index]);
+    return '?';
+  });
+  return { sql: text, bindings };
+}
+
+async function run<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
+  const statement = knexPlaceholders(sql, params);
+  // Knex answers a raw statement on PostgreSQL with node-postgres' own result.
+  const result: { rows?: Row[]; rowCount?: number | null; command?: string } = await on.raw(
+    statement.sql,
+    statement.bindings as Knex.RawBinding[],
+  );
+  const changed = result.command === 'INSERT' || result.command === 'UPDATE' || result.command === 'DELETE';
+  return { rows: result.rows ?? [], affected: changed ? (result.rowCount ?? 0) : 0 };
+}
+
+/**
+ * A SQL driver over a Knex instance (PostgreSQL): retrysafe's statements run as `raw` ones, and
+ * an operation's transaction is a `knex.transaction()`, whose `trx` the handler gets as `ctx.tx`;
+ * a `trx.transaction()` it opens nests as a savepoint, the Knex way.
+ * @example
+ * const knex = Knex({ client: 'pg', connection: process.env.DATABASE_URL });
+ * const store = sqlStore(knexDriver(knex), { migrate: true });
+ */
+export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
+  const driverName = String(knex.client.driverName);
+  if (driverName !== 'pg') {
+    throw new ConfigError(
+      `knexDriver: Knex runs on ${driverName}; retrysafe's Knex driver runs on pg (PostgreSQL)`,
+    );
+  }
+  return {
+    dialect: 'postgres',
+    name: 'knex',
+    query: (sql, params) => run(knex, sql, params),
+    async transaction(work) {
+      // Knex rejects with an error of its own when the handler threw no Error: keep what it threw.
+      let failed: { error: unknown } | undefined;
+      try {
+        return await knex.transaction(async (trx) => {
+          try {
+            return await work(trx);
+          } catch (error) {
+            failed = { error };
+            throw error;
+          }
+        });
+      } catch (error) {
+        throw failed ? failed.error : error;
+      }
+    },
+    queryIn: (tx, sql, params) => run(tx, sql, params),
+    errorCode: databaseErrorCode,
+  };
+}
+
+/**
+ * A retrysafe store on the PostgreSQL database a Knex instance writes to. In atomic mode a
+ * handler's `ctx.tx` is the Knex transaction (`trx`) holding the key: the key, the handler's
+ * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
+ * savepoint inside it.
+ * @example
+ * ```ts
+ * import Knex from 'knex';
+ * import { knexStore } from 'retrysafe/knex';
+ * const knex = Knex({ client: 'pg', connection: process.env.DATABASE_URL });
+ * const store = knexStore(knex, { migrate: true });
+ * // in a handler: await idem.tx('orders').insert({ item });
+ * ```
+ */
+export function knexStore(knex: Knex, options?: SqlStoreOptions): SqlStore<Knex.Transaction> {
+  return sqlStore(knexDriver(knex), options);
+}

@@ -1,0 +1,49 @@
+import knexFactory, { type Knex } from 'knex';
+import { describe, expect, it } from 'vitest';
+import { knexDriver, knexPlaceholders, knexStore } from '../src/stores/sql/drivers/knex.js';
+import { describeOrmStore } from './conformance/orm-store-suite.js';
+import { hasPostgres, PG_URL } from './support/services.js';
+
+describe('knexPlaceholders', () => {
+  it('binds each $n where it stands, a repeated one twice, and escapes the ? already in the text', () => {
+    expect(knexPlaceholders(`SELECT $2, $1, $2, x ? 'k', '?? $1', "a?b" FROM t`, ['one', 'two'])).toEqual({
+      sql: `SELECT ?, ?, ?, x \\? 'k', '\\?\\? $1', "a\\?b" FROM t`,
+      bindings: ['two', 'one', 'two'],
+    });
+    expect(knexPlaceholders(`SELECT 'it''s $1', $1`, [7])).toEqual({
+      sql: `SELECT 'it''s $1', ?`,
+      bindings: [7],
+    });
+  });
+
+  it('refuses a $n past the values given', () => {
+    expect(() => knexPlaceholders('SELECT $2', ['one'])).toThrow(RangeError);
+  });
+});
+
+describe.skipIf(!hasPostgres)('knex', () => {
+  describeOrmStore<Knex.Transaction>('knex', async () => {
+    const knex = knexFactory({ client: 'pg', connection: PG_URL, pool: { min: 0, max: 10 } });
+    return {
+      store: (options) => knexStore(knex, options),
+      insert: (tx, table) => tx.raw(`INSERT INTO ${table} DEFAULT VALUES`),
+      // Knex nests a transaction on a transaction as a savepoint.
+      nested: (tx, work) => tx.transaction((inner) => work(inner)),
+      rawCommit: (tx) => tx.raw('COMMIT'),
+      close: () => knex.destroy(),
+    };
+  });
+
+  it('refuses a Knex on another database than PostgreSQL', async () => {
+    const sqlite = knexFactory({
+      client: 'better-sqlite3',
+      connection: { filename: ':memory:' },
+      useNullAsDefault: true,
+    });
+    try {
+      expect(() => knexDriver(sqlite)).toThrow(/runs on better-sqlite3/);
+    } finally {
+      await sqlite.destroy();
+    }
+  });
+});
