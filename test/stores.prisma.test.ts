@@ -1,21 +1,17 @@
-import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { PrismaPg } from '@prisma/adapter-pg';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { PrismaClient } from '../examples/orm/prisma/generated/client.js';
-import { idempotency } from '../src/adapters/node.js';
 import type { ClaimInput } from '../src/core/contract/index.js';
 import { postgresStatements } from '../src/stores/postgres/statements.js';
 import {
-  answersRows,
   type PrismaTransaction,
   prismaDriver,
   prismaErrorCode,
   prismaStore,
+  statementKind,
 } from '../src/stores/sql/drivers/prisma.js';
-import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
-import { describeStoreConformance, type StoreUnderTest } from './conformance/store-suite.js';
+import { describeOrmStore } from './conformance/orm-store-suite.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { textResponse } from './support/store-calls.js';
 
@@ -41,33 +37,26 @@ async function prismaIn(schema: string) {
 type Prisma = InstanceType<typeof PrismaClient>;
 type Tx = PrismaTransaction<Prisma>;
 
-/** A Prisma store in a schema of its own; the atomic-mode probe writes through the ORM's tx. */
-async function prismaUnderTest(): Promise<StoreUnderTest> {
-  const schema = uniqueName('rs_prisma_conf');
-  const db = await prismaIn(schema);
-  const store = prismaStore(db.prisma, { schema });
-  await store.migrate();
-  return {
-    store,
-    atomicProbe: {
-      // The application's own write, through the ORM on the operation's transaction.
-      write: async (tx: Tx) => void (await tx.order.create({ data: { item: 'probe' } })),
-      count: db.count,
-      commit: async (tx: Tx) => void (await tx.$executeRawUnsafe('COMMIT')),
-    },
-    cleanup: db.close,
-  };
-}
-
 describe.skipIf(!hasPostgres)('prisma', () => {
-  describeStoreConformance('prisma 7 + @prisma/adapter-pg (lease and atomic mode)', prismaUnderTest);
-  describeIdempotentConformance('prisma', prismaUnderTest);
+  describeOrmStore<Tx>('prisma', async () => {
+    const prisma = new PrismaClient({ adapter: new PrismaPg({ connectionString: PG_URL }) });
+    return {
+      store: (options) => prismaStore(prisma, options),
+      insert: (tx, table) => tx.$executeRawUnsafe(`INSERT INTO ${table} DEFAULT VALUES`),
+      // Prisma 7 nests an interactive transaction on a transaction client as a savepoint.
+      nested: (tx, work) => tx.$transaction((inner) => work(inner)),
+      rawCommit: (tx) => tx.$executeRawUnsafe('COMMIT'),
+      close: () => prisma.$disconnect(),
+    };
+  });
 });
 
 describe('prisma driver without a database', () => {
   it('sends statements that answer rows to $queryRawUnsafe and the others to $executeRawUnsafe', () => {
     const s = postgresStatements('"s"."t"');
-    const rows = [s.CLAIM, s.TAKE_OVER, s.LEASE_LEFT, s.COMPLETE, s.LOCK_OWNED, s.ABANDONED, s.RELEASE];
+    const selects = [s.CLAIM, s.LEASE_LEFT, s.COMPLETE, s.LOCK_OWNED, s.ABANDONED, s.RELEASE, s.DELETE];
+    for (const sql of [...selects, s.ATOMIC_COMPLETE, s.GET]) expect(statementKind(sql), sql).toBe('select');
+    expect(statementKind(s.TAKE_OVER)).toBe('returning');
     const counts = [
       s.SAVE_STEP,
       s.RENEW,
@@ -76,10 +65,11 @@ describe('prisma driver without a database', () => {
       'SAVEPOINT a',
       'RELEASE SAVEPOINT a',
     ];
-    for (const sql of [...rows, s.DELETE, s.ATOMIC_COMPLETE, s.GET]) expect(answersRows(sql), sql).toBe(true);
-    for (const sql of counts) expect(answersRows(sql), sql).toBe(false);
-    expect(answersRows("WITH a AS (SELECT ')' AS p) UPDATE t SET p = a.p FROM a")).toBe(false);
-    expect(answersRows('WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a RETURNING id')).toBe(true);
+    for (const sql of counts) expect(statementKind(sql), sql).toBe('count');
+    expect(statementKind("WITH a AS (SELECT ')' AS p) UPDATE t SET p = a.p FROM a")).toBe('count');
+    expect(statementKind('WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a RETURNING id')).toBe(
+      'returning',
+    );
   });
 
   it('refuses what is not a Prisma client, naming what it wants', () => {
@@ -213,22 +203,6 @@ describe.skipIf(!hasPostgres)('prisma driver specifics', () => {
     expect((await store.claim(key)).outcome).toBe('acquired');
   });
 
-  it("a handler's own tx.$transaction(async …) is a savepoint: a throw after it leaves no row and the key free", async () => {
-    const key = input();
-    const before = await db.count();
-    const failure = new Error('failed after the nested transaction');
-    await expect(
-      store.atomic(key, async (tx) => {
-        await tx.$transaction(async (inner) => {
-          await inner.order.create({ data: { item: 'nested' } });
-        });
-        throw failure;
-      }),
-    ).rejects.toBe(failure);
-    expect(await db.count()).toBe(before);
-    expect((await store.claim(key)).outcome).toBe('acquired');
-  });
-
   it('a nested transaction that throws rolls back to its savepoint; the operation commits the rest', async () => {
     const key = input();
     const before = await db.count();
@@ -249,22 +223,6 @@ describe.skipIf(!hasPostgres)('prisma driver specifics', () => {
     expect((await store.claim(key)).outcome).toBe('replay');
   });
 
-  it('a raw COMMIT run by the handler on tx is caught: the call fails and a retry does not write again', async () => {
-    const key = input();
-    let runs = 0;
-    const work = async (tx: Tx) => {
-      runs++;
-      await tx.order.create({ data: { item: 'committed-early' } });
-      await tx.$executeRawUnsafe('COMMIT');
-      return { response: textResponse('made'), commit: true };
-    };
-    await expect(store.atomic(key, work)).rejects.toThrow();
-    const retry = await store.atomic(key, work).catch((error: unknown) => error);
-    expect(retry).not.toMatchObject({ outcome: 'executed' });
-    expect(runs).toBe(1);
-    expect(await db.prisma.order.count({ where: { item: 'committed-early' } })).toBeLessThanOrEqual(1);
-  });
-
   it('the array form tx.$transaction([…]) is not part of the operation: Prisma runs it on another connection', async () => {
     // Documented in reference.md: only the callback form nests.
     const key = input();
@@ -276,79 +234,5 @@ describe.skipIf(!hasPostgres)('prisma driver specifics', () => {
       .catch(() => undefined);
     expect(escaped).toBeUndefined();
     expect(await db.prisma.order.count({ where: { item: 'escaped' } })).toBe(1);
-  });
-});
-
-// What a handler may do with Prisma's own transaction API on `idem.tx`, through the engine over HTTP.
-describe.skipIf(!hasPostgres)("prisma: a handler's own transaction calls, through the engine", () => {
-  const schema = uniqueName('rs_prisma_http');
-  const admin = new pg.Pool({ connectionString: PG_URL, max: 1 });
-  const prisma = new PrismaClient({ adapter: new PrismaPg({ connectionString: PG_URL }, { schema }) });
-  const store = prismaStore(prisma, { schema, migrate: true });
-  const runs = new Map<string, number>();
-  let server: http.Server;
-  let url: string;
-
-  const handler = idempotency({ store, mode: 'atomic' })(async (req, res, idem) => {
-    const item = String(req.body);
-    runs.set(item, (runs.get(item) ?? 0) + 1);
-    const tx = idem?.tx;
-    if (!tx) throw new Error('send a key');
-    if (item.startsWith('nested-then-throw')) {
-      await tx.$transaction(async (inner) => inner.order.create({ data: { item } }));
-      throw new Error('failed after the nested transaction committed its savepoint');
-    }
-    if (item.startsWith('raw-commit')) {
-      await tx.order.create({ data: { item } });
-      await tx.$executeRawUnsafe('COMMIT');
-    }
-    res.writeHead(201).end(item);
-  });
-
-  const post = async (item: string, key: string) => {
-    const response = await fetch(`${url}/orders`, {
-      method: 'POST',
-      headers: { 'idempotency-key': key },
-      body: item,
-    });
-    await response.arrayBuffer();
-    return response.status;
-  };
-  const rows = async (item: string) =>
-    Number(
-      (await admin.query(`SELECT count(*) FROM "${schema}".prisma_orders WHERE item = $1`, [item])).rows[0]
-        .count,
-    );
-
-  beforeAll(async () => {
-    await admin.query(`CREATE SCHEMA "${schema}"`);
-    await admin.query(`CREATE TABLE "${schema}".prisma_orders (id serial PRIMARY KEY, item text NOT NULL)`);
-    server = http.createServer(handler).listen(0, '127.0.0.1');
-    await new Promise((resolve) => server.once('listening', resolve));
-    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
-  });
-
-  afterAll(async () => {
-    await new Promise((resolve) => server?.close(resolve));
-    await store.close();
-    await prisma.$disconnect();
-    await admin.query(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
-    await admin.end();
-  });
-
-  it('tx.$transaction(async …) then a throw: 500, no row, and the retry runs again', async () => {
-    const item = `nested-then-throw-${uniqueName()}`;
-    expect(await post(item, item)).toBe(500);
-    expect(await post(item, item)).toBe(500);
-    expect(runs.get(item)).toBe(2);
-    expect(await rows(item)).toBe(0);
-  });
-
-  it('a raw COMMIT on tx: a 5xx answer, and a retry does not run the write again', async () => {
-    const item = `raw-commit-${uniqueName()}`;
-    expect(await post(item, item)).toBeGreaterThanOrEqual(500);
-    expect(await post(item, item)).toBeGreaterThanOrEqual(500);
-    expect(runs.get(item)).toBe(1);
-    expect(await rows(item)).toBeLessThanOrEqual(1);
   });
 });

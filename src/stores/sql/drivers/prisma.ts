@@ -102,38 +102,43 @@ export function prismaStore<Client extends PrismaClientLike>(
 
 /**
  * Prisma has two raw calls: `$queryRawUnsafe` answers rows but no count, `$executeRawUnsafe` a
- * count but no rows. A statement that answers rows goes to the first, and its count is its rows,
- * as `pg` counts a SELECT's or a RETURNING's; any other goes to the second.
+ * count but no rows. A statement that answers rows goes to the first; its count is 0 for a
+ * `SELECT` (as the seam asks) and its rows for a `RETURNING`, which answers one per row changed.
+ * Any other statement goes to the second.
  */
 async function run<Row>(client: PrismaRaw, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
-  if (answersRows(sql)) {
-    const rows = await client.$queryRawUnsafe<Record<string, unknown>[]>(sql, ...params);
-    for (const row of rows) {
-      for (const column in row) {
-        // Prisma decodes int8 as a BigInt; the store reads integers from numbers or strings.
-        if (typeof row[column] === 'bigint') row[column] = String(row[column]);
-      }
+  const kind = statementKind(sql);
+  if (kind === 'count') return { rows: [], affected: await client.$executeRawUnsafe(sql, ...params) };
+  const rows = await client.$queryRawUnsafe<Record<string, unknown>[]>(sql, ...params);
+  for (const row of rows) {
+    for (const column in row) {
+      // Prisma decodes int8 as a BigInt; the store reads integers from numbers or strings.
+      if (typeof row[column] === 'bigint') row[column] = String(row[column]);
     }
-    return { rows: rows as Row[], affected: rows.length };
   }
-  return { rows: [], affected: await client.$executeRawUnsafe(sql, ...params) };
+  return { rows: rows as Row[], affected: kind === 'returning' ? rows.length : 0 };
 }
 
-const answersRowsCache = new Map<string, boolean>();
+type StatementKind = 'select' | 'returning' | 'count';
+const kinds = new Map<string, StatementKind>();
 
 /**
- * Whether a PostgreSQL statement answers rows: its main statement (after any `WITH` list) is a
- * `SELECT`, `VALUES`, `TABLE` or `SHOW`, or has a `RETURNING` of its own. Remembered per text:
- * a store runs a few dozen texts.
+ * What a PostgreSQL statement answers, by its main statement (after any `WITH` list): rows of a
+ * `SELECT`, `VALUES`, `TABLE` or `SHOW`; rows of a write's own `RETURNING`; or only a count.
+ * Remembered per text: a store runs a few dozen texts.
  */
-export function answersRows(sql: string): boolean {
-  let known = answersRowsCache.get(sql);
-  if (known === undefined) {
+export function statementKind(sql: string): StatementKind {
+  let kind = kinds.get(sql);
+  if (kind === undefined) {
     const main = mainStatement(sql);
-    known = /^(select|values|table|show)\b/i.test(main) || /\breturning\b/i.test(main);
-    if (answersRowsCache.size < 1000) answersRowsCache.set(sql, known);
+    kind = /^(select|values|table|show)\b/i.test(main)
+      ? 'select'
+      : /\breturning\b/i.test(main)
+        ? 'returning'
+        : 'count';
+    if (kinds.size < 1000) kinds.set(sql, kind);
   }
-  return known;
+  return kind;
 }
 
 /** The statement after a leading `WITH name AS (…), …` list (strings and nested parentheses skipped). */
