@@ -135,6 +135,20 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
   const query = <Row>(text: string, values: readonly unknown[]) => driver.query<Row>(text, values);
 
+  let timeouts: Promise<string[]> | undefined;
+  /** The session's lock and statement timeouts, which an atomic claim sets back; read once. */
+  function sessionTimeouts(): Promise<string[]> {
+    timeouts ??= query<{ name: string; reset_val: string }>(sql.SESSION_TIMEOUTS, []).then(
+      ({ rows }) =>
+        ['lock_timeout', 'statement_timeout'].map((name) => rows.find((row) => row.name === name)!.reset_val),
+      (error: unknown) => {
+        timeouts = undefined;
+        throw error;
+      },
+    );
+    return timeouts;
+  }
+
   async function migrate(): Promise<void> {
     await driver.transaction((tx) =>
       migrateIn((text, values = []) => driver.queryIn(tx, text, values), schema, table),
@@ -199,7 +213,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
-    const bounds = [String(waitMs), String(waitMs + timeoutMs)];
+    const bounds = [String(waitMs), String(waitMs + timeoutMs), ...(await sessionTimeouts())];
     let token: string | undefined;
     try {
       return await driver.transaction(async (tx) => {
