@@ -2,30 +2,9 @@ import type { Knex } from 'knex';
 import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+import { knexPlaceholders } from './knex-placeholders.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
-
-/**
- * PostgreSQL's `$n` placeholders as Knex's `?`, with the values in the order they are used (a
- * `$n` used twice is bound twice). Knex binds every `?` in a raw statement's text, even in a
- * string literal, and reads `??` as an identifier: each `?` already there (a jsonb operator, a
- * literal) is escaped as `\?`, which Knex sends as a plain `?`.
- */
-export function knexPlaceholders(
-  sql: string,
-  params: readonly unknown[],
-): { sql: string; bindings: unknown[] } {
-  const bindings: unknown[] = [];
-  const text = sql.replace(/'(?:[^']|'')*'|"(?:[^"]|"")*"|\$(\d+)|\?/g, (match, n: string | undefined) => {
-    if (n === undefined) return match.replaceAll('?', '\\?');
-    const index = Number(n) - 1;
-    if (index >= params.length)
-      throw new RangeError(`knexDriver: $${n} in a statement given ${params.length} values`);
-    bindings.push(params[index]);
-    return '?';
-  });
-  return { sql: text, bindings };
-}
 
 async function run<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
   const statement = knexPlaceholders(sql, params);
