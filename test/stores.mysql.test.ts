@@ -24,6 +24,9 @@ describe.skipIf(!hasMysql)('mysql', () => {
           const [rows] = await admin.query<mysql.RowDataPacket[]>('SELECT count(*) AS n FROM probe');
           return Number(rows[0]!.n);
         },
+        async commit(tx: PoolConnection) {
+          await tx.query('COMMIT');
+        },
       },
       async cleanup() {
         await admin.end();

@@ -57,6 +57,7 @@ for (const driver of DRIVERS) {
         write: (db: SqliteDatabase) => void db.prepare('INSERT INTO probe DEFAULT VALUES').run(),
         count: async () =>
           (store.database.prepare('SELECT count(*) AS n FROM probe').get() as { n: number }).n,
+        commit: (db: SqliteDatabase) => void db.exec('COMMIT'),
       },
     };
   };

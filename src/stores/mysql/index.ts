@@ -40,6 +40,7 @@ import {
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
+import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
 import { identifier, mysqlMigrationSql } from './migrate.js';
 import { NOW_MS, statements } from './statements.js';
 
@@ -241,6 +242,9 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
         migrating = undefined;
       });
       await migrating;
+      // DDL commits the transaction it runs in: a claim on a connection in one (atomic mode) starts
+      // it again, empty, or it would run in autocommit, apart from the handler's writes.
+      if (on !== pool) await (on as PoolConnection).beginTransaction();
       return statement();
     }
   }
@@ -351,12 +355,73 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     }
   }
 
+  async function complete(scope: string, key: string, token: string, response: StoredResponse) {
+    return changed(
+      scope,
+      key,
+      await own(() => run<ResultSetHeader>(pool, sql.COMPLETE, completeValues(scope, key, token, response))),
+    );
+  }
+
   async function atomicOnConnection(
     input: ClaimInput,
     work: (tx: PoolConnection) => Promise<AtomicWorkResult>,
   ): Promise<AtomicResult> {
     const timeoutMs = Math.max(1, input.timeoutMs ?? DEFAULT_ATOMIC_TIMEOUT_MS);
     const connection = await connectionWithin(timeoutMs);
+    // An atomic claim's lease is its retention: no one sees it before it commits with its answer,
+    // unless a handler committed it early, and such a record must never be taken over.
+    const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
+    let token: string | undefined;
+    try {
+      return await atomicIn(connection, claim, timeoutMs, work, (acquired) => {
+        token = acquired;
+      });
+    } catch (error) {
+      if (!(error instanceof Ended) || token === undefined) throw error;
+      // The claim committed with the handler's writes: keep an answer on it so no retry runs them again.
+      await complete(input.scope, input.key, token, TRANSACTION_ENDED_RESPONSE).catch(() => false);
+      throw transactionEnded('mysqlStore', input.key, error.cause);
+    }
+  }
+
+  /**
+   * Whether the handler ended the transaction that claimed (a COMMIT of its own): MariaDB's
+   * @@in_transaction is then 0. False when unsure, and on MySQL, which has no such variable.
+   */
+  async function endedOn(connection: PoolConnection): Promise<boolean> {
+    try {
+      const [rows] = await connection.query<RowDataPacket[]>('SELECT @@in_transaction AS open');
+      return Number(rows[0]?.open) === 0;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Until the server says it has no @@in_transaction (MySQL), completions in atomic mode check it. */
+  let guardedCompletion = true;
+
+  /** The atomic completion: MariaDB's changes nothing once the handler ended the transaction. */
+  async function completeIn(connection: PoolConnection, values: ReturnType<typeof completeValues>) {
+    if (guardedCompletion) {
+      try {
+        return await run<ResultSetHeader>(connection, sql.ATOMIC_COMPLETE, values);
+      } catch (error) {
+        // A failed statement does not end a MySQL transaction: the plain completion runs in it.
+        if ((error as { code?: string }).code !== 'ER_UNKNOWN_SYSTEM_VARIABLE') throw error;
+        guardedCompletion = false;
+      }
+    }
+    return run<ResultSetHeader>(connection, sql.COMPLETE, values);
+  }
+
+  function atomicIn(
+    connection: PoolConnection,
+    input: ClaimInput,
+    timeoutMs: number,
+    work: (tx: PoolConnection) => Promise<AtomicWorkResult>,
+    acquired: (token: string) => void,
+  ): Promise<AtomicResult> {
     return inTransactionOn(connection, async (lent) => {
       // A duplicate blocks on the record's row lock until the first's transaction ends; InnoDB
       // bounds that wait in whole seconds only.
@@ -382,17 +447,25 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
         }
         if (!claimed && attempt === CLAIM_ATTEMPTS) claimed = { outcome: 'in_progress', retryAfterMs: 0 };
         if (claimed?.outcome === 'acquired') {
-          const result = await work(connection);
+          acquired(claimed.token);
+          let result: AtomicWorkResult;
+          try {
+            result = await work(connection);
+          } catch (error) {
+            if (await endedOn(connection)) throw new Ended(error);
+            throw error;
+          }
           if (!result.commit) {
+            if (await endedOn(connection)) throw new Ended(undefined);
             await connection.rollback();
             return { outcome: 'executed', response: result.response, committed: false };
           }
-          const saved = await run<ResultSetHeader>(
+          const saved = await completeIn(
             connection,
-            sql.COMPLETE,
             completeValues(input.scope, input.key, claimed.token, result.response),
           );
           if (saved.affectedRows !== 1) {
+            if (await endedOn(connection)) throw new Ended(undefined);
             throw new RetrysafeError('mysqlStore: the atomic claim was lost before commit');
           }
           await connection.commit();
@@ -471,15 +544,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
 
     claim,
 
-    async complete(scope, key, token, response) {
-      return changed(
-        scope,
-        key,
-        await own(() =>
-          run<ResultSetHeader>(pool, sql.COMPLETE, completeValues(scope, key, token, response)),
-        ),
-      );
-    },
+    complete,
 
     async release(scope, key, token) {
       return changed(

@@ -47,6 +47,9 @@ export function statements(t: string) {
   const COMPLETE = `UPDATE ${t} SET completed_at_ms = ${NOW_MS}, status = :status, headers = :headers, body = :body,
       request = NULL
     WHERE ${OWNED}`;
+  // Atomic mode on MariaDB: a COMPLETE that a handler's own COMMIT made run in autocommit (where
+  // @@in_transaction is 0) changes nothing, so the store notices. MySQL has no such variable.
+  const ATOMIC_COMPLETE = `${COMPLETE} AND @@in_transaction = 1`;
   // One write, fenced like COMPLETE: the step (JSON text made here) is appended to the record's
   // steps, a JSON array kept as text in saving order, byte for byte as written.
   const SAVE_STEP = `UPDATE ${t}
@@ -79,6 +82,7 @@ export function statements(t: string) {
     RECORD,
     LIVE,
     COMPLETE,
+    ATOMIC_COMPLETE,
     SAVE_STEP,
     LOCK_OWNED,
     ABANDONED,

@@ -39,6 +39,7 @@ import {
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
+import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
 import { walCheckpointer } from './checkpoint.js';
 import {
   type Driver,
@@ -636,17 +637,37 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     // handler runs, past `wait` and `concurrency: 'reject'`; it is in progress, and says so now.
     if (holding.has(id)) return { outcome: 'in_progress', retryAfterMs: input.leaseMs };
     holding.add(id);
+    // An atomic claim's lease is its retention: no other process sees it before it commits with
+    // its answer, unless a handler committed it early, and such a record must never be taken over.
+    const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
+    let token: string | undefined;
     try {
       return await runTransaction<AtomicResult>(async (connection) => {
-        const claimed = claimIn(input);
+        const claimed = claimIn(claim);
         if (claimed.outcome !== 'acquired') return { value: claimed, commit: false };
-        const { response, commit } = await work(connection);
+        token = claimed.token;
+        // A handler's own COMMIT (or ROLLBACK) ends the connection's transaction under us.
+        const ended = () => !db.inTransaction();
+        let result: AtomicWorkResult;
+        try {
+          result = await work(connection);
+        } catch (error) {
+          if (ended()) throw new Ended(error);
+          throw error;
+        }
+        if (ended()) throw new Ended(undefined);
+        const { response, commit } = result;
         if (commit && !completeNow(input.scope, input.key, claimed.token, response)) {
           // Only possible when the work outlived the record's retention: keep nothing.
           throw new RetrysafeError('sqliteStore.atomic: the record expired while the work ran; rolled back');
         }
         return { value: { outcome: 'executed', response, committed: commit }, commit };
       }, input.timeoutMs);
+    } catch (error) {
+      if (!(error instanceof Ended) || token === undefined) throw error;
+      // The claim committed with the handler's writes: keep an answer on it so no retry runs them again.
+      await complete(input.scope, input.key, token, TRANSACTION_ENDED_RESPONSE).catch(() => false);
+      throw transactionEnded('sqliteStore', input.key, error.cause);
     } finally {
       holding.delete(id);
       waiters.wake(id);
