@@ -44,6 +44,7 @@ describe.skipIf(!hasPostgres)('knex', () => {
       // Knex nests a transaction on a transaction as a savepoint.
       nested: (tx, work) => tx.transaction((inner) => work(inner)),
       rawCommit: (tx) => tx.raw('COMMIT'),
+      end: { commit: (tx) => tx.commit(), rollback: (tx) => tx.rollback() },
       close: () => knex.destroy(),
     };
   });

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { StoredResponse } from '../../src/core/contract/index.js';
+import { isTransactionEnded, type StoredResponse } from '../../src/core/contract/index.js';
 import type { SqlStore, SqlStoreOptions } from '../../src/stores/sql/store.js';
 import { PG_URL, uniqueName } from '../support/services.js';
 import { claimInput, textResponse } from '../support/store-calls.js';
@@ -20,6 +20,11 @@ export interface OrmUnderTest<Tx> {
   rawCommit(tx: Tx): Promise<unknown>;
   /** Closes the ORM's connections. */
   close(): Promise<void>;
+  /**
+   * Ends `tx` through the ORM's own API rather than raw SQL, where the ORM has one: Kysely's
+   * `tx.commit()`, Knex's `trx.commit()`, TypeORM's query runner's `commitTransaction()`.
+   */
+  end?: { commit(tx: Tx): Promise<unknown>; rollback(tx: Tx): Promise<unknown> };
 }
 
 /**
@@ -133,6 +138,44 @@ export function describeOrmStore<Tx>(
       );
       expect(results.filter((result) => result.outcome === 'executed')).toHaveLength(1);
       expect(await rows()).toBe(before + 1);
+    });
+
+    const endingThrough = (how: 'commit' | 'rollback', counter: { runs: number }) => async (tx: Tx) => {
+      counter.runs++;
+      await orm.insert(tx, orders);
+      await orm.end![how](tx);
+      return answer();
+    };
+
+    it("the handler commits through the ORM's own API: caught as a raw COMMIT is, and the write never runs again", async (context) => {
+      if (!orm.end) return context.skip('the ORM has no API to end its transaction');
+      const before = await rows();
+      const input = claimInput('own-commit');
+      const counter = { runs: 0 };
+      const failure = await store
+        .atomic(input, endingThrough('commit', counter))
+        .catch((error: unknown) => error);
+      expect(isTransactionEnded(failure)).toBe(true);
+      expect(await rows()).toBe(before + 1);
+      expect(await store.atomic(input, endingThrough('commit', counter))).toMatchObject({
+        outcome: 'replay',
+        response: { status: 500 },
+      });
+      expect(counter.runs).toBe(1);
+      expect(await rows()).toBe(before + 1);
+    });
+
+    it("the handler rolls back through the ORM's own API: caught too; nothing is kept, and the key is free", async (context) => {
+      if (!orm.end) return context.skip('the ORM has no API to end its transaction');
+      const before = await rows();
+      const input = claimInput('own-rollback');
+      const counter = { runs: 0 };
+      const failure = await store
+        .atomic(input, endingThrough('rollback', counter))
+        .catch((error: unknown) => error);
+      expect(isTransactionEnded(failure)).toBe(true);
+      expect(await rows()).toBe(before);
+      expect(await store.get(input.scope, input.key)).toBeUndefined();
     });
 
     it('without migrate, a missing table is a ConfigError naming the fix', async () => {
