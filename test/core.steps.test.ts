@@ -10,6 +10,7 @@ import {
   type IdempotencyStore,
   type Outcome,
   resumeAbandoned,
+  startCompleter,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postRequest } from './support/engine-request.js';
@@ -152,7 +153,10 @@ describe('steps (lease mode, memory store)', () => {
     const engine = engineOn(memoryStore());
     let seen: unknown;
     await engine.handle(postRequest(randomUUID()), async (idem) => {
-      seen = [await idem.step('date', () => new Date(0)), await idem.step('nothing', () => undefined)];
+      seen = [
+        await idem.step('date', () => new Date(0).toISOString()),
+        await idem.step('nothing', () => undefined),
+      ];
       return created({});
     });
     expect(seen).toEqual(['1970-01-01T00:00:00.000Z', undefined]);
@@ -222,7 +226,7 @@ describe('steps (lease mode, memory store)', () => {
     expect(claimed.outcome === 'acquired' && JSON.stringify(claimed.steps)).not.toContain('secret');
   });
 
-  it('names: empty or very long names and a name already running are refused', async () => {
+  it('names: empty or very long names, a name already running and a name already finished are refused', async () => {
     const engine = engineOn(memoryStore());
     const errors: unknown[] = [];
     await engine.handle(postRequest(randomUUID()), async (idem) => {
@@ -232,10 +236,11 @@ describe('steps (lease mode, memory store)', () => {
       const slow = idem.step('slow', () => sleep(20).then(() => 1));
       await idem.step('slow', () => 2).catch((error) => errors.push(error));
       expect(await slow).toBe(1);
-      expect(await idem.step('slow', () => 3)).toBe(1);
+      await idem.step('slow', () => 3).catch((error) => errors.push(error));
       return created({});
     });
     expect(errors.map((error) => (error as Error).name)).toEqual([
+      'ConfigError',
       'ConfigError',
       'ConfigError',
       'ConfigError',
@@ -313,16 +318,239 @@ describe('the completer', () => {
     expect(outcomes.filter((outcome) => outcome?.kind === 'executed')).toHaveLength(1);
   });
 
-  it('leaves a record whose saved request it cannot read (another encryptionKey)', async () => {
+  it('says so when the key that sealed an operation was dropped: an event, and replay_unreadable to a retry', async () => {
     const store = memoryStore();
     const key = randomUUID();
+    const runs: Record<string, number> = {};
     await expect(
-      engineOn(store, { encryptionKey: randomBytes(32) }).handle(postRequest(key), payFine({}, 'recorded')),
+      engineOn(store, { encryptionKey: randomBytes(32) }).handle(postRequest(key), payFine(runs, 'recorded')),
     ).rejects.toThrow();
     await sleep(5);
-    const other = engineOn(store, { encryptionKey: randomBytes(32) });
+    const events: IdempotencyEvent[] = [];
+    const other = engineOn(store, { encryptionKey: randomBytes(32), onEvent: (event) => events.push(event) });
     const [record] = await store.abandoned();
-    expect(await other.resume(record!, payFine({}))).toBeUndefined();
+    const resumed = await other.resume(record!, payFine(runs));
+    expect(resumed?.kind === 'rejected' && resumed.error.code).toBe('replay_unreadable');
+    expect(events).toEqual([{ type: 'rejected', reason: 'replay_unreadable', key, scope: '' }]);
     expect((await store.get('', key))?.state).toBe('in_progress');
+    // A retry is answered as an unreadable replay is (500 replay_unreadable), its steps kept.
+    const retry = await other.handle(postRequest(key), payFine(runs));
+    expect(retry.kind === 'rejected' && [retry.error.status, retry.error.code]).toEqual([
+      500,
+      'replay_unreadable',
+    ]);
+    expect(events.filter((event) => event.type === 'rejected')).toHaveLength(2);
+    expect(runs).toEqual({ recorded: 1 });
+    expect((await store.get('', key))?.steps).toEqual(['recorded']);
+  });
+});
+
+describe('issue 32: step names and step values', () => {
+  it('a step name reused within one execution is an error naming the step; a takeover replays it once', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store);
+    const key = randomUUID();
+    const charged: string[] = [];
+    const loop = async (idem: IdempotencyContext) => {
+      const items = [];
+      for (const item of ['book', 'dvd', 'map']) {
+        items.push(
+          await idem.step('charge', () => {
+            charged.push(item);
+            return item;
+          }),
+        );
+      }
+      return created(items);
+    };
+    await expect(engine.handle(postRequest(key), loop)).rejects.toThrow(/step 'charge'.*already/);
+    expect(charged).toEqual(['book']);
+    // The takeover replays the finished step once, then meets the same reuse.
+    await sleep(5);
+    const resumed = engine.handle(postRequest(key), async (idem) => {
+      expect(await idem.step('charge', () => 'again')).toBe('book');
+      return created({ ok: true });
+    });
+    expect(bodyOf(await resumed)).toEqual({ ok: true });
+    expect(charged).toEqual(['book']);
+  });
+
+  it('in atomic steps too, a name reused is an error', async () => {
+    const { atomicSteps } = await import('../src/core/engine/steps.js');
+    const steps = atomicSteps(undefined);
+    await steps.step('a', () => 1);
+    await expect(steps.step('a', () => 2)).rejects.toThrow(/step 'a'/);
+  });
+
+  const cyclic: Record<string, unknown> = {};
+  cyclic.self = cyclic;
+  it.each<[string, () => unknown]>([
+    ['a BigInt', () => 10n],
+    ['a cyclic object', () => cyclic],
+    ['a function', () => () => 1],
+    ['a Symbol', () => Symbol('x')],
+    ['NaN', () => ({ amount: Number.NaN })],
+    ['a Map', () => new Map([['a', 1]])],
+    ['more than maxStepBytes', () => 'x'.repeat(2_000)],
+  ])(
+    'a step value that is %s fails loudly before anything is saved; the operation stays resumable',
+    async (_what, value) => {
+      const store = memoryStore();
+      const engine = engineOn(store, { maxStepBytes: 1_000 });
+      const key = randomUUID();
+      const outcome = engine.handle(postRequest(key), async (idem) => {
+        await idem.step('recorded', () => 'fine');
+        await idem.step('charged', value);
+        return created({});
+      });
+      await expect(outcome).rejects.toThrow(/step 'charged'/);
+      expect((await store.get('', key))?.steps).toEqual(['recorded']);
+      await sleep(5);
+      const done = await engine.handle(postRequest(key), async (idem) => {
+        const fine = await idem.step('recorded', () => 'again');
+        return created({ fine, charge: await idem.step('charged', () => 'ch_1') });
+      });
+      expect(bodyOf(done)).toEqual({ fine: 'fine', charge: 'ch_1' });
+    },
+  );
+
+  it('maxStepBytes is checked at construction', () => {
+    expect(() => engineOn(memoryStore(), { maxStepBytes: 0 })).toThrow(/maxStepBytes/);
+  });
+});
+
+describe('issue 32: the completer under a hung resume', () => {
+  it('one hung resume neither blocks the others nor stop(); its lease is ended for a later pass', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store, { lease: 100 });
+    const keys = Array.from({ length: 4 }, () => randomUUID());
+    for (const key of keys) {
+      await expect(engine.handle(postRequest(key), payFine({}, 'recorded'))).rejects.toThrow();
+    }
+    const [hung, ...others] = keys as [string, ...string[]];
+    await sleep(5);
+    // The hung record comes first: its lease passed first.
+    expect((await store.abandoned()).map((record) => record.key)[0]).toBe(hung);
+    const errors: unknown[] = [];
+    const completer = startCompleter({
+      store,
+      interval: 20,
+      resumeTimeout: 300,
+      onError: (error) => errors.push(error),
+      resume: (record, signal) =>
+        engine.resume(
+          record,
+          (idem) => (record.key === hung ? new Promise<CapturedResponse>(() => {}) : payFine({})(idem)),
+          signal,
+        ),
+    });
+    for (let tries = 0; tries < 400; tries++) {
+      const states = await Promise.all(others.map((key) => store.get('', key)));
+      if (states.every((record) => record?.state === 'completed')) break;
+      await sleep(25);
+    }
+    expect((await Promise.all(others.map((key) => store.get('', key)))).map((r) => r?.state)).toEqual([
+      'completed',
+      'completed',
+      'completed',
+    ]);
+    await completer.stop();
+    expect(String(errors[0])).toContain(`resume of key ${hung} did not settle`);
+    // Given up, its lease was ended (not renewed by the hung handler): a later pass takes it over.
+    await sleep(5);
+    expect((await store.abandoned()).map((record) => record.key)).toContain(hung);
+  });
+
+  it('stop() returns while a resume hangs', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store, { lease: 100 });
+    const key = randomUUID();
+    await expect(engine.handle(postRequest(key), payFine({}, 'recorded'))).rejects.toThrow();
+    let started!: () => void;
+    const running = new Promise<void>((resolve) => (started = resolve));
+    const completer = startCompleter({
+      store,
+      interval: 10,
+      resume: () => {
+        started();
+        return new Promise(() => {});
+      },
+    });
+    await running;
+    await completer.stop();
+  });
+});
+
+describe('issue 32: an operation that keeps failing ends', () => {
+  it("a handler's final 4xx after a step ends the operation: saved, replayed, the step not run again", async () => {
+    const store = memoryStore();
+    const engine = engineOn(store);
+    const key = randomUUID();
+    let charged = 0;
+    const handler = async (idem: IdempotencyContext): Promise<CapturedResponse> => {
+      await idem.step('charged', () => ++charged);
+      return { ...created({ error: 'validation', field: 'member' }), status: 422 };
+    };
+    const first = await engine.handle(postRequest(key), handler);
+    expect(first.kind === 'executed' && first.response.status).toBe(422);
+    expect((await store.get('', key))?.state).toBe('completed');
+    const retry = await engine.handle(postRequest(key), handler);
+    expect(retry.kind === 'replayed' && retry.response.status).toBe(422);
+    expect(charged).toBe(1);
+    expect(await store.abandoned()).toEqual([]);
+  });
+
+  it('a 4xx before any step still frees the key for the corrected request', async () => {
+    const store = memoryStore();
+    const engine = engineOn(store);
+    const key = randomUUID();
+    await engine.handle(postRequest(key), async () => ({ ...created({}), status: 422 }));
+    expect(await store.get('', key)).toBeUndefined();
+  });
+
+  it('the completer gives up after maxResumes: a final answer saved, an event, and retries replay it', async () => {
+    const store = memoryStore();
+    const events: IdempotencyEvent[] = [];
+    const engine = engineOn(store, { maxResumes: 2, onEvent: (event) => events.push(event) });
+    const key = randomUUID();
+    const runs: Record<string, number> = {};
+    await expect(engine.handle(postRequest(key), payFine(runs, 'recorded'))).rejects.toThrow();
+    const outcomes: (Outcome | undefined)[] = [];
+    const errors: unknown[] = [];
+    for (let pass = 0; pass < 4; pass++) {
+      await sleep(5);
+      await resumeAbandoned({
+        store,
+        onError: (error) => errors.push(error),
+        resume: async (record, signal) =>
+          outcomes.push(await engine.resume(record, payFine(runs, 'recorded'), signal)),
+      });
+    }
+    // Two resumes ran the handler (and failed); the third recorded the final answer; none after.
+    expect(runs).toEqual({ recorded: 1 });
+    expect(errors.map(String)).toEqual(['Error: crashed after recorded', 'Error: crashed after recorded']);
+    expect(outcomes).toHaveLength(1);
+    const final = outcomes[0];
+    expect(final?.kind === 'rejected' && [final.error.status, final.error.code]).toEqual([
+      500,
+      'operation_abandoned',
+    ]);
+    expect(events).toContainEqual({ type: 'gave_up', key, scope: '', resumes: 2 });
+    expect((await store.get('', key))?.state).toBe('completed');
+    const retry = await engine.handle(postRequest(key), payFine(runs));
+    expect(retry.kind === 'replayed' && retry.response.status).toBe(500);
+    expect(bodyOf(retry)).toMatchObject({ error: 'operation_abandoned' });
+    expect(runs).toEqual({ recorded: 1 });
+  });
+
+  it('maxResumes is checked at construction, and step names starting with retrysafe: are the engine’s', async () => {
+    expect(() => engineOn(memoryStore(), { maxResumes: 0 })).toThrow(/maxResumes/);
+    const engine = engineOn(memoryStore());
+    await expect(
+      engine.handle(postRequest(randomUUID()), async (idem) => {
+        await idem.step('retrysafe:resume:1', () => 1);
+        return created({});
+      }),
+    ).rejects.toThrow(/retrysafe:/);
   });
 });

@@ -226,3 +226,42 @@ describe('the fine settings', () => {
     expect(() => readConfig({ [name]: value })).toThrow(new RegExp(`^${name}=`));
   });
 });
+
+describe("the desk's fine: which part is a phase", () => {
+  it('charged (the provider call) is a step, never a phase, even with keys in the desk database', async () => {
+    const { fineRoutes } = await import('../examples/library-loans/fines.js');
+    const calls: string[] = [];
+    const database = {
+      memberExists: async () => true,
+      recordFine: async (fine: { amount: number }) => ({ id: 1, amount: fine.amount }),
+      markFinePaid: async (id: number, chargeId: string) => ({ id, status: 'paid', chargeId }),
+    };
+    let handler!: (req: unknown, res: unknown, idem: unknown) => Promise<void>;
+    fineRoutes({
+      database,
+      guard: (fn: typeof handler) => (handler = fn),
+      phases: true,
+      providerUrl: 'http://127.0.0.1:1',
+      demoFaults: false,
+    });
+    const idem = {
+      fingerprint: 'f',
+      downstreamKey: (purpose: string) => purpose,
+      stepKey: (name: string) => name,
+      // The provider is not called here: the charge's answer stands in for it.
+      step: async (name: string, fn: () => unknown) => {
+        calls.push(`step ${name}`);
+        return name === 'charged' ? { id: 'ch_1' } : fn();
+      },
+      phase: async (name: string, fn: (tx: unknown) => unknown) => {
+        calls.push(`phase ${name}`);
+        return name === 'charged' ? { id: 'ch_1' } : fn({});
+      },
+    };
+    let status = 0;
+    const res = { writeHead: (code: number) => (status = code), end: () => undefined };
+    await handler({ body: Buffer.from('{"member":"U-1","amount":5}'), headers: {} }, res, idem);
+    expect(status).toBe(201);
+    expect(calls).toEqual(['phase recorded', 'step charged', 'phase paid']);
+  });
+});

@@ -9,21 +9,16 @@ import { hasPostgres, PG_URL } from './support/services.js';
 type Tx = DrizzleTransaction<NodePgDatabase>;
 
 describe.skipIf(!hasPostgres)('drizzle (node-postgres)', () => {
-  describeOrmStore<Tx>(
-    'drizzle',
-    async () => {
-      const pool = new pg.Pool({ connectionString: PG_URL, max: 10 });
-      const db = drizzle(pool);
-      return {
-        store: (options) => drizzleStore(db, options),
-        insert: (tx, table) => tx.execute(sql.raw(`INSERT INTO ${table} DEFAULT VALUES`)),
-        // Drizzle nests a transaction on a transaction as a savepoint.
-        nested: (tx, work) => tx.transaction((inner) => work(inner as unknown as Tx)),
-        rawCommit: (tx) => tx.execute(sql.raw('COMMIT')),
-        close: () => pool.end(),
-      };
-    },
-    // node-postgres' rowCount, which Drizzle gives for every statement.
-    { selectCountsRows: true },
-  );
+  describeOrmStore<Tx>('drizzle', async () => {
+    const pool = new pg.Pool({ connectionString: PG_URL, max: 10 });
+    const db = drizzle(pool);
+    return {
+      store: (options) => drizzleStore(db, options),
+      insert: (tx, table) => tx.execute(sql.raw(`INSERT INTO ${table} DEFAULT VALUES`)),
+      // Drizzle nests a transaction on a transaction as a savepoint.
+      nested: (tx, work) => tx.transaction((inner) => work(inner as unknown as Tx)),
+      rawCommit: (tx) => tx.execute(sql.raw('COMMIT')),
+      close: () => pool.end(),
+    };
+  });
 });

@@ -61,6 +61,30 @@ describe.skipIf(!hasRedis)('redis', () => {
     }
   });
 
+  it('durability: a takeover claim short of replicas ends its lease instead of deleting the finished steps', async () => {
+    // Issue 32: releasing the refused claim deleted the record, and the retry ran its steps again.
+    const prefix = `${uniqueName('rs_redis_durable')}:`;
+    const plain = redisStore({ url: REDIS_URL, prefix });
+    // A standalone Redis has no replica: every claim of this store is short of one.
+    const durable = redisStore({ url: REDIS_URL, prefix, durability: { replicas: 1, timeoutMs: 20 } });
+    try {
+      const input: ClaimInput = { scope: 's', key: 'k', fingerprint: 'fp', leaseMs: 100, retainMs: 60_000 };
+      const first = await plain.claim(input);
+      if (first.outcome !== 'acquired') throw new Error(first.outcome);
+      expect(
+        await plain.saveStep('s', 'k', first.token, { name: 'charged', value: '"ch_1"' }, 'request'),
+      ).toBe(true);
+      await sleep(200);
+      await expect(durable.claim(input)).rejects.toThrow(/replicas/);
+      expect((await plain.get('s', 'k'))?.steps).toEqual(['charged']);
+      const again = await plain.claim(input);
+      expect(again.outcome === 'acquired' && again.steps).toEqual([{ name: 'charged', value: '"ch_1"' }]);
+    } finally {
+      await Promise.all([plain.close(), durable.close()]);
+      await deleteRedisKeys(prefix);
+    }
+  });
+
   it('claims a new key with one native SET … NX … GET, no script', async () => {
     const prefix = `${uniqueName('rs_redis_native')}:`;
     const client = new Redis(REDIS_URL);

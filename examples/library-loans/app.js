@@ -94,7 +94,8 @@ export function loanDesk({
   // lease mode, its steps saved one by one (phases when the keys share the desk's database).
   const fines = fineRoutes({
     database,
-    guard: idempotency({ ...guarding, mode: 'lease', required: true }),
+    // `route`: the completer re-drives only operations this handler started.
+    guard: idempotency({ ...guarding, mode: 'lease', required: true, route: 'POST /fines' }),
     phases: store === database.store,
     ...settings,
   });

@@ -62,7 +62,7 @@ async function chargeAt(providerUrl, charge, key) {
  * the charge), `paid`. Each step's result is saved on the key's record before the next starts:
  * a retry, or the completer, after the desk died resumes at the first unfinished step. With keys
  * in the desk's database (`phases`), `recorded` and `paid` commit with their saved result in one
- * transaction; with keys elsewhere the fine's `intent` makes a second `recorded` return the first.
+ * transaction (`charged` stays a step: no transaction is held across the provider call); with keys elsewhere the fine's `intent` makes a second `recorded` return the first.
  * Its handler takes the request's parsed URL and answers `false` for paths it does not serve;
  * `createFine` is the guarded handler the completer re-drives.
  */
@@ -71,14 +71,21 @@ export function fineRoutes({ database, guard, phases, providerUrl, demoFaults })
     const { fine, problem } = parseFine(req.body);
     if (problem) return send(res, 400, problem);
     const crashPoint = demoFaults ? req.headers[CRASH_AFTER_HEADER] : undefined;
-    /** Runs step `name` (a phase on `tx` when the keys share the database), then the demo's crash. */
-    async function step(name, work) {
+    /**
+     * Runs step `name`, then the demo's crash. `database: true` marks work in the desk's own
+     * database, a phase on `tx` when the keys share it. A call to another service is never a phase:
+     * a phase holds a database transaction (SQLite's write lock, a pooled PostgreSQL connection) for
+     * as long as its work runs, and a charge that hangs would hold it for every other request.
+     */
+    async function step(name, work, { database: inDatabase = false } = {}) {
       let ran = false;
       const run = (tx) => {
         ran = true;
         return work(tx);
       };
-      const result = await (phases ? idem.phase(name, run) : idem.step(name, () => run(undefined)));
+      const result = await (phases && inDatabase
+        ? idem.phase(name, run)
+        : idem.step(name, () => run(undefined)));
       // Only where the step ran and was saved: its replay after the crash goes on.
       if (ran && crashPoint === name) process.kill(process.pid, 'SIGKILL');
       return result;
@@ -92,7 +99,9 @@ export function fineRoutes({ database, guard, phases, providerUrl, demoFaults })
         });
       }
       const intent = idem.downstreamKey(`fine ${idem.fingerprint}`);
-      const recorded = await step('recorded', (tx) => database.recordFine(fine, { tx, intent }));
+      const recorded = await step('recorded', (tx) => database.recordFine(fine, { tx, intent }), {
+        database: true,
+      });
       const charge = await step('charged', () =>
         chargeAt(
           providerUrl,
@@ -100,7 +109,9 @@ export function fineRoutes({ database, guard, phases, providerUrl, demoFaults })
           idem.stepKey('charged'),
         ),
       );
-      const paid = await step('paid', (tx) => database.markFinePaid(recorded.id, charge.id, { tx }));
+      const paid = await step('paid', (tx) => database.markFinePaid(recorded.id, charge.id, { tx }), {
+        database: true,
+      });
       send(res, 201, paid, { location: `/fines/${paid.id}` });
     } catch (error) {
       // Another request took the key over: the engine answers for this one.

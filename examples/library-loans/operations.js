@@ -163,6 +163,19 @@ export function operations({ logLevel = 'info', destination, adminToken } = {}) 
       case 'store_error':
         storeErrors.log(event);
         return;
+      case 'rejected':
+        if (event.reason !== 'replay_unreadable') break;
+        logger.error(
+          { event: event.type, reason: event.reason, key: event.key },
+          'a saved answer or step of this key cannot be decrypted: the encryption key that sealed it is no longer configured',
+        );
+        return;
+      case 'gave_up':
+        logger.error(
+          { event: event.type, key: event.key, resumes: event.resumes },
+          `the completer gave up on an operation after ${event.resumes} attempts: its retries are answered 500 operation_abandoned; its finished steps (a charge) stay and need settling by hand`,
+        );
+        return;
       case 'fenced':
       case 'lease_lost':
         logger.warn(

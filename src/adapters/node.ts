@@ -59,11 +59,12 @@ export interface GuardedNodeHandler {
    * request, for `resumeAbandoned` / `startCompleter`: the handler gets the finished steps and runs
    * the rest; its answer is saved, so the client's late retry replays it. `req` carries no
    * `Authorization` (never stored): the record's scope is kept as it was. Resolves with the
-   * engine's outcome, `undefined` when the saved request cannot be read.
+   * engine's outcome, `undefined` when the saved request cannot be read. Once `signal` aborts
+   * the resume is given up: the operation's lease is ended for a later pass.
    * @example
-   * startCompleter({ store, resume: (record) => guarded.resume(record) });
+   * startCompleter({ store, resume: (record, signal) => guarded.resume(record, signal) });
    */
-  resume(record: AbandonedRecord): Promise<Outcome | undefined>;
+  resume(record: AbandonedRecord, signal?: AbortSignal): Promise<Outcome | undefined>;
 }
 
 /** Options of `retrysafe/node`'s `idempotency`: the engine's options over node:http requests. */
@@ -130,11 +131,15 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
       }
     }
     return Object.assign(idempotentHandler, {
-      resume: (record: AbandonedRecord) =>
-        engine.resume(record, (ctx, saved) => {
-          const { req, res } = detachedExchange(saved, engine.keyHeader);
-          return capture(engine, res, () => handler(req, res, ctx));
-        }),
+      resume: (record: AbandonedRecord, signal?: AbortSignal) =>
+        engine.resume(
+          record,
+          (ctx, saved) => {
+            const { req, res } = detachedExchange(saved, engine.keyHeader);
+            return capture(engine, res, () => handler(req, res, ctx));
+          },
+          signal,
+        ),
     });
   };
 }

@@ -2,6 +2,7 @@ export type {
   ConflictEvent,
   ExecutedEvent,
   FencedEvent,
+  GaveUpEvent,
   IdempotencyEvent,
   IdempotencyEventListener,
   IdempotencyEventType,
@@ -20,6 +21,7 @@ export type {
 export {
   type AbandonedOptions,
   type AbandonedRecord,
+  type AdminStore,
   type AtomicResult,
   type AtomicStore,
   type AtomicWorkResult,
@@ -44,9 +46,11 @@ export {
   type PhaseStore,
   type Register,
   type RegisteredTx,
+  type RequestStore,
   RetrysafeError,
   type SavedStep,
   StepFencedError,
+  type StepStore,
   type StoredResponse,
   TransactionEndedError,
 } from './contract/index.js';

@@ -147,10 +147,11 @@ export function memoryStore(given?: MemoryStoreOptions): IdempotencyStore {
       if (existing.leaseUntilMs > nowMs) {
         return { outcome: 'in_progress', retryAfterMs: existing.leaseUntilMs - nowMs };
       }
+      // A takeover goes on with the same operation: its retention counts from its first claim, so
+      // one that keeps failing still ends. Never expiring inside the new lease, though.
       existing.token = newToken();
-      existing.createdAtMs = nowMs;
       existing.leaseUntilMs = nowMs + input.leaseMs;
-      existing.expiresAtMs = nowMs + input.retainMs;
+      existing.expiresAtMs = Math.max(existing.expiresAtMs, existing.leaseUntilMs);
       return { outcome: 'acquired', token: existing.token, steps: [...existing.steps] };
     }
     makeRoom(nowMs);

@@ -758,6 +758,29 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expect(await store.saveStep(absent.scope, absent.key, 'token', step('x'))).toBe(false);
       });
 
+      it("a takeover keeps the operation's createdAt and retention: they count from its first claim", async () => {
+        // Issue 32: each takeover reset them, so an operation that kept failing was never purged.
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
+        const token = await acquire(input);
+        expect(await store.saveStep(input.scope, input.key, token, step('recorded'), 'request')).toBe(true);
+        const first = await store.get(input.scope, input.key);
+        const taken = await takeOver(input);
+        const after = await store.get(input.scope, input.key);
+        expect(after?.createdAtMs).toBe(first!.createdAtMs);
+        expect(after?.expiresAtMs).toBe(first!.expiresAtMs);
+        // Past the first claim's retention, the takeover's key names a new operation after all.
+        const short = fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: SHORT_MS * 3 });
+        await acquire(short);
+        await sleep(SHORT_MS);
+        const late = await store.claim(short);
+        if (late.outcome !== 'acquired') throw new Error(`expected acquired, got ${JSON.stringify(late)}`);
+        expect(await store.saveStep(short.scope, short.key, late.token, step('recorded'))).toBe(true);
+        await sleep(SHORT_MS * 3);
+        const again = await store.claim(short);
+        expect(again.outcome === 'acquired' && (again.steps ?? [])).toEqual([]);
+        expect(await store.complete(input.scope, input.key, taken.token, sampleResponse())).toBe(true);
+      });
+
       it('a new operation on the key starts with no steps (released, or retention passed)', async () => {
         const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: SHORT_MS });
         const token = await acquire(input);

@@ -12,6 +12,8 @@ export const ErrorCode = {
   inputNotJson: 'input_not_json',
   /** `idempotent`: work's result is not JSON or outgrew `maxResultBytes`; nothing was saved. */
   resultNotStorable: 'result_not_storable',
+  /** An operation with steps the completer gave up on after `maxResumes`: its final, saved answer. */
+  operationAbandoned: 'operation_abandoned',
   /** Atomic mode: the handler ended the operation's transaction itself; the key is not run again. */
   transactionEnded: 'transaction_ended',
 } as const;

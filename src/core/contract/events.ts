@@ -98,6 +98,17 @@ export interface ResumedEvent extends RequestEvent {
   finishedSteps: number;
 }
 
+/**
+ * The completer gave up on an operation after `maxResumes` takeovers: a final answer (500
+ * `operation_abandoned`) was saved instead of running its handler again, and every retry replays it.
+ * Its finished steps' effects stay (a charge made is not undone): look the key up and settle by hand.
+ */
+export interface GaveUpEvent extends RequestEvent {
+  type: 'gave_up';
+  /** How many times it had been resumed. */
+  resumes: number;
+}
+
 /** A running handler's lease was renewed. */
 export interface LeaseRenewedEvent extends RequestEvent {
   type: 'lease_renewed';
@@ -155,6 +166,7 @@ export type IdempotencyEvent =
   | StepSavedEvent
   | StepReplayedEvent
   | ResumedEvent
+  | GaveUpEvent
   | LeaseRenewedEvent
   | LeaseLostEvent
   | StoreErrorEvent

@@ -152,13 +152,18 @@ export interface KeyPage {
 }
 
 /**
- * The contract every store implements and the conformance suite checks.
+ * The contract every store implements and the conformance suite checks: the request path, steps
+ * and administration, each a capability of its own ({@link RequestStore}, {@link StepStore},
+ * {@link AdminStore}).
  *
  * Records whose retention has passed are treated as absent by every method, whether or not
  * `purgeExpired` has removed them yet. An in-progress record whose lease has passed may be
  * claimed again by a request with the same fingerprint (the new claim gets a new token).
  */
-export interface IdempotencyStore {
+export interface IdempotencyStore extends RequestStore, StepStore, AdminStore {}
+
+/** The request path: what every guarded request asks of a store. */
+export interface RequestStore {
   /** A short name for logs and errors: `memory`, `sqlite`, `postgres`, `redis`. */
   readonly name: string;
   /** Atomic: of many concurrent claims of one new key, across processes, exactly one is `acquired`. */
@@ -167,60 +172,24 @@ export interface IdempotencyStore {
   complete(scope: string, key: string, token: string, response: StoredResponse): Promise<boolean>;
   /** Deletes the in-progress record so a retry runs again; `false` when `token` no longer owns it. */
   release(scope: string, key: string, token: string): Promise<boolean>;
-  /**
-   * Saves one finished step of the operation `token` owns, in one write, fenced like `complete`:
-   * `false` (and nothing written) when `token` no longer owns an in-progress record. `request`,
-   * given with an operation's first step, is kept with the record for {@link abandoned}. A later
-   * claim that takes the record over gets every saved step back (`ClaimResult.steps`).
-   */
-  saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string): Promise<boolean>;
-  /**
-   * In-progress records whose lease has passed and that carry a saved request, oldest lease first:
-   * work whose owner died, for a completer to finish. Retention not passed.
-   */
-  abandoned(options?: AbandonedOptions): Promise<AbandonedRecord[]>;
-  /**
-   * Extends the owner's lease to `leaseMs` from now (and the record's retention with it, should the
-   * lease outlive it), so a handler that runs long keeps its claim. `false` (and nothing written)
-   * when `token` no longer owns an in-progress record: the lease was lost.
-   */
   renew(scope: string, key: string, token: string, leaseMs: number): Promise<boolean>;
-  /**
-   * Resolves once the record is no longer in progress (completed, released, expired, lease passed)
-   * or `timeoutMs` has passed, whichever comes first. Never rejects on timeout.
-   */
   wait(scope: string, key: string, timeoutMs: number): Promise<void>;
-  /**
-   * Deletes records whose retention has passed, `batchSize` at a time, never one giant delete and
-   * never a record whose lease is still live. Resolves with the number deleted.
-   */
-  purgeExpired(batchSize?: number): Promise<number>;
-  /**
-   * One page of the live records (retention not passed), for operators: the desk's `/keys` page, a
-   * CLI. Pages hold at most `limit` records and follow each other through `next`; a record that
-   * lives for the whole listing appears in it, one created or deleted meanwhile may or may not.
-   *
-   * Order: memory, SQLite and PostgreSQL go by scope, then key (keyset pagination on the primary
-   * key: code-unit order in memory, byte order in SQLite, the column's collation in PostgreSQL).
-   * Redis goes in `SCAN` order over its prefix, sorted within each `SCAN` batch; a page may there
-   * hold fewer than `limit` records (even none) while `next` is not `null`, and a record may appear
-   * twice if Redis rehashes during the listing.
-   */
-  list(options?: ListKeysOptions): Promise<KeyPage>;
-  /**
-   * The live record of `(scope, key)`, or `undefined` when there is none; with `{ response: true }`
-   * a completed record comes with its saved response (for operators: "what did this key answer?").
-   */
-  get(scope: string, key: string, options?: GetKeyOptions): Promise<KeyRecord | undefined>;
-  /**
-   * Deletes the live record of `(scope, key)`, whatever its state, and wakes its waiters; `false`
-   * when there was none. The key then names a new operation. Deleting an in-progress record lets a
-   * retry run again while the first owner may still be running; that owner's `complete` then
-   * answers `false`.
-   */
-  delete(scope: string, key: string): Promise<boolean>;
   /** Releases connections and timers the store opened itself. */
   close(): Promise<void>;
+}
+
+/** Steps: multi-step operations that survive a crash, and the completer that finishes them. */
+export interface StepStore {
+  saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string): Promise<boolean>;
+  abandoned(options?: AbandonedOptions): Promise<AbandonedRecord[]>;
+}
+
+/** Administration: what operators and retention ask of a store. */
+export interface AdminStore {
+  purgeExpired(batchSize?: number): Promise<number>;
+  list(options?: ListKeysOptions): Promise<KeyPage>;
+  get(scope: string, key: string, options?: GetKeyOptions): Promise<KeyRecord | undefined>;
+  delete(scope: string, key: string): Promise<boolean>;
 }
 
 /** What an atomic unit of work returns: the response, and whether to commit it. */

@@ -46,6 +46,8 @@ export interface ResumedRequest {
   contentType: string | undefined;
   /** The body the fingerprint was taken of (a parsed body: its JSON text). */
   body: Uint8Array;
+  /** The `route` option of the engine that saved it. */
+  route: string | undefined;
   scope: string;
   key: string;
 }
@@ -74,11 +76,15 @@ export interface Idempotency<Req = unknown, Tx = unknown> {
    * Re-drives an abandoned record (`IdempotencyStore.abandoned`) from its saved request: claims it
    * with the normal fencing (only one of many completers acquires it) and, when acquired, runs
    * `run` as a handler of that request with its finished steps; the answer is saved as a
-   * handler's would be. `undefined` when the saved request cannot be read (wrong `encryptionKey`).
+   * handler's would be. `undefined` when the saved request cannot be read (wrong `encryptionKey`)
+   * or was saved under another `route` (nothing is claimed then).
+   * Once `signal` aborts (the completer's `resumeTimeout`, or its `stop()`), the run counts as a
+   * handler that threw: its lease is ended, its steps kept, whatever `run` still does.
    */
   resume(
     record: AbandonedRecord,
     run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+    signal?: AbortSignal,
   ): Promise<Outcome | undefined>;
   /** Runs one request through the state machine; `run` invokes the handler and captures its response. */
   handle(

@@ -78,10 +78,17 @@ export async function execute<Req, Tx>(
         storeFailed(engine, 'claim', claim, error);
         waited(engine, claim, waitingSinceMs, 'store_error');
         // The client is told nothing ran, so a claim that still lands after the timeout must not
-        // hold the key for a whole lease: it is released as soon as it answers.
+        // hold the key for a whole lease: it lets go as soon as it answers. A takeover that got
+        // finished steps back only ends its lease: a release would delete them, and the next
+        // retry would run them again (a second charge).
         claiming
           .then(
-            (late) => late.outcome === 'acquired' && store.release(claim.scope, key, late.token),
+            (late) => {
+              if (late.outcome !== 'acquired') return;
+              return late.steps?.length
+                ? store.renew(claim.scope, key, late.token, 1)
+                : store.release(claim.scope, key, late.token);
+            },
             () => undefined,
           )
           .catch(() => undefined);

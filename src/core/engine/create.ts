@@ -1,4 +1,4 @@
-import type { AbandonedRecord } from '../contract/index.js';
+import type { AbandonedRecord, ClaimInput } from '../contract/index.js';
 import { isIdempotencyError } from '../contract/index.js';
 import type { IdempotencyOptions } from '../options/index.js';
 import { resolveOptions } from '../options/index.js';
@@ -11,14 +11,20 @@ import {
   inProgress,
   keyInvalid,
   keyMissing,
+  operationAbandoned,
   ResponseCollector,
   render,
+  replayUnreadable,
+  storeDown,
+  toStored,
 } from '../response/index.js';
 import type { Idempotency, IdempotencyContext, Outcome, ResumedRequest } from './adapter-contract.js';
 import { execute, type Prepared } from './claim-loop.js';
+import { untilAborted } from './deadline.js';
 import { runLeased } from './lease-mode.js';
-import { conflictOf, rejected, replayOrError } from './outcomes.js';
+import { conflictOf, rejected, replayOrError, storeFailed } from './outcomes.js';
 import { claimInput, type Engine, engineState } from './state.js';
+import { resumeStep, resumesOf } from './steps.js';
 
 const PASS: Outcome = Object.freeze({ kind: 'pass' });
 
@@ -38,7 +44,7 @@ export function createIdempotency<Req = unknown, Tx = unknown>(
     keyHeader: config.keyHeader,
     maxBodyBytes: config.maxBodyBytes,
     maxResponseBytes: config.maxResponseBytes,
-    resume: (record, run) => resume(engine, record, run),
+    resume: (record, run, signal) => resume(engine, record, run, signal),
     handle: (request, run) => execute(engine, () => prepareRequest(engine, request), run),
     render: (error) => render(config, error),
     answerHeaders: (key) => answerHeaders(config, key),
@@ -122,45 +128,94 @@ function withBody<Req>(
         path: request.path,
         contentType: request.contentType,
         body: bytes,
+        route: config.route,
       }),
   });
   const scoped = config.scopeOf(request);
   return typeof scoped === 'string' ? prepared(scoped) : scoped.then(prepared);
 }
 
+/**
+ * Ends an operation the completer took over `resumes` times (`maxResumes`): its final answer,
+ * 500 `operation_abandoned`, is saved for every retry to replay, instead of running its handler
+ * once more; a `gave_up` event says so.
+ */
+async function giveUp<Req>(
+  engine: Engine<Req>,
+  claim: ClaimInput,
+  token: string,
+  resumes: number,
+): Promise<Outcome> {
+  const { config, emit, guard } = engine;
+  const { key, scope } = claim;
+  const error = operationAbandoned(key, resumes);
+  let saved: boolean;
+  try {
+    const answer = toStored(config, render(config, error));
+    saved = await guard(config.store.complete(scope, key, token, answer), performance.now());
+  } catch (cause) {
+    storeFailed(engine, 'complete', claim, cause);
+    return { kind: 'rejected', error: storeDown(cause, key) };
+  }
+  if (!saved) return { kind: 'rejected', error: inProgress(key, config.leaseMs) };
+  if (emit) emit({ type: 'gave_up', key, scope, resumes });
+  return { kind: 'rejected', error };
+}
+
 async function resume<Req, Tx>(
   engine: Engine<Req>,
   record: AbandonedRecord,
   run: (ctx: IdempotencyContext<Tx>, request: ResumedRequest) => Promise<CapturedResponse>,
+  signal: AbortSignal | undefined,
 ): Promise<Outcome | undefined> {
   const { config, emit, guard } = engine;
+  if (signal?.aborted) return undefined;
   let request: ResumedRequest;
   try {
     request = engine.codec.decodeRequest(record.request, record.scope, record.key);
-  } catch {
-    return undefined;
+  } catch (cause) {
+    // Sealed with a key no longer in `encryptionKey`: nothing here can finish it (a retry gets the
+    // same answer), and whoever listens hears why.
+    return rejected(engine, replayUnreadable(cause, record.key), 'replay_unreadable', record.scope);
   }
+  // Another route's operation: only the handler that started it may finish it.
+  if (request.route !== config.route) return undefined;
   const claim = claimInput(engine, record.scope, record.key, record.fingerprint);
   const startMs = performance.now();
   const result = await guard(config.store.claim(claim), startMs);
   const claimedMs = performance.now();
   switch (result.outcome) {
-    case 'acquired':
-      if (emit) {
-        const { key, scope } = claim;
-        emit({ type: 'resumed', key, scope, finishedSteps: result.steps?.length ?? 0 });
+    case 'acquired': {
+      const { key, scope } = claim;
+      const finished = result.steps ?? [];
+      const resumes = resumesOf(finished);
+      if (resumes >= config.maxResumes) return giveUp(engine, claim, result.token, resumes);
+      // Counted on the record before the handler runs, so a resume that crashes counts too.
+      const counted = resumeStep(resumes + 1, engine.codec.encodeText(''));
+      let saved: boolean;
+      try {
+        saved = await guard(config.store.saveStep(scope, key, result.token, counted), performance.now());
+      } catch (error) {
+        storeFailed(engine, 'step', claim, error);
+        return { kind: 'rejected', error: storeDown(error, key) };
       }
+      if (!saved) return { kind: 'rejected', error: inProgress(key, config.leaseMs) };
+      if (emit) emit({ type: 'resumed', key, scope, finishedSteps: finished.length - resumes });
       return runLeased(
         engine,
         claim,
         result.token,
-        (ctx: IdempotencyContext<Tx>) => run(ctx, request),
+        // Once `signal` aborts the run counts as failed: its lease is ended (its steps kept) for
+        // a later pass, whatever the handler still does.
+        (ctx: IdempotencyContext<Tx>) =>
+          signal ? Promise.race([run(ctx, request), untilAborted(signal)]) : run(ctx, request),
         claimedMs - startMs,
         claimedMs,
         undefined,
-        result.steps,
+        [...finished, counted],
         undefined,
       );
+    }
     case 'replay':
       return replayOrError(engine, result.response, claim, claimedMs - startMs, undefined);
     case 'mismatch':

@@ -44,3 +44,11 @@ export function deadlineGuard(timeoutMs: number, message: string) {
     });
   };
 }
+
+/** Rejects with `signal`'s reason once it aborts (at once if it has): a bound to race work against. */
+export function untilAborted(signal: AbortSignal): Promise<never> {
+  return new Promise<never>((_, reject) => {
+    if (signal.aborted) reject(signal.reason);
+    else signal.addEventListener('abort', () => reject(signal.reason), { once: true });
+  });
+}

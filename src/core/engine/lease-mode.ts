@@ -1,9 +1,9 @@
 import type { ClaimInput, ClaimResult, ReleasedEvent, SavedStep, StoredResponse } from '../contract/index.js';
 import { isStepFenced } from '../contract/index.js';
 import type { CapturedResponse } from '../response/index.js';
-import { inProgress, toStored } from '../response/index.js';
+import { inProgress, replayUnreadable, toStored } from '../response/index.js';
 import type { IdempotencyContext, Outcome } from './adapter-contract.js';
-import { conflictOf, replayOrError, storeFailed } from './outcomes.js';
+import { conflictOf, rejected, replayOrError, storeFailed } from './outcomes.js';
 import type { Engine } from './state.js';
 import { handlerContext, leasedSteps } from './steps.js';
 
@@ -48,6 +48,28 @@ async function release<Req>(
 }
 
 /**
+ * The finished steps of a takeover were sealed with a key no longer in `encryptionKey`: the
+ * handler cannot go on without their results and must not run them again (a second charge), so
+ * the operation keeps them, its lease is ended, and the request is answered as a saved answer no
+ * key opens is (500 `replay_unreadable`, a `rejected` event), until a key that opens them is back
+ * or retention passes.
+ */
+async function unreadableSteps<Req>(
+  engine: Engine<Req>,
+  claim: ClaimInput,
+  token: string,
+  cause: unknown,
+): Promise<Outcome> {
+  const { config, guard } = engine;
+  try {
+    await guard(config.store.renew(claim.scope, claim.key, token, 1), performance.now());
+  } catch (error) {
+    storeFailed(engine, 'release', claim, error);
+  }
+  return rejected(engine, replayUnreadable(cause, claim.key), 'replay_unreadable', claim.scope);
+}
+
+/**
  * Lease mode's step once the key is claimed: runs the handler while its lease is renewed, then
  * saves its response or frees the key.
  */
@@ -64,6 +86,13 @@ export async function runLeased<Req, Tx>(
 ): Promise<Outcome> {
   const { config, emit, guard, leases } = engine;
   const { store, leaseMs, storeStatus } = config;
+  if (finished?.length) {
+    try {
+      for (const step of finished) engine.codec.decodeValue(step.value);
+    } catch (cause) {
+      return unreadableSteps(engine, claim, token, cause);
+    }
+  }
   const lease = leases.hold(claim.scope, claim.key, token, startMs);
   const steps = leasedSteps<Req, Tx>(engine, claim, token, finished, request);
   let response: CapturedResponse;
@@ -91,7 +120,11 @@ export async function runLeased<Req, Tx>(
   const renewing = leases.drop(lease);
   const handlerEndMs = performance.now();
   const handlerMs = handlerEndMs - startMs;
-  if (response.complete && storeStatus(response.status)) {
+  // A 4xx the handler chose after a step finished is its final answer: released, the operation
+  // would be resumed (and its steps replayed) for ever, and the key cannot be freed without
+  // losing what the steps did.
+  const final = response.status >= 400 && response.status < 500 && steps.hasFinished();
+  if (response.complete && (storeStatus(response.status) || final)) {
     const stored = toStored(config, response);
     // A failed save leaves the record in progress until its lease passes: retries wait or get
     // 409 rather than running the work a second time while this response is on its way.

@@ -60,8 +60,8 @@ function stepCodec(cipher: BodyCipher | undefined) {
       ? Buffer.from(cipher!.open(Buffer.from(stored.slice(SEALED.length), 'base64'))).toString('utf8')
       : stored;
   return {
-    /** `undefined` is kept as `''`: JSON has no text for it. */
-    encodeValue: (value: unknown) => seal(value === undefined ? '' : JSON.stringify(value)),
+    /** A step result's JSON text (`''` for `undefined`, which JSON has no text for), as stored. */
+    encodeText: seal,
     decodeValue: (stored: string): unknown => {
       const text = open(stored);
       return text === '' ? undefined : JSON.parse(text);
@@ -73,6 +73,7 @@ function stepCodec(cipher: BodyCipher | undefined) {
           path: request.path,
           contentType: request.contentType ?? null,
           body: Buffer.from(request.body).toString('base64'),
+          ...(request.route === undefined ? {} : { route: request.route }),
         }),
       ),
     decodeRequest: (stored: string, scope: string, key: string): ResumedRequest => {
@@ -81,12 +82,14 @@ function stepCodec(cipher: BodyCipher | undefined) {
         path: string;
         contentType: string | null;
         body: string;
+        route?: string;
       };
       return {
         method: saved.method,
         path: saved.path,
         contentType: saved.contentType ?? undefined,
         body: Buffer.from(saved.body, 'base64'),
+        route: saved.route,
         scope,
         key,
       };

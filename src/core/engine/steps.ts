@@ -6,10 +6,31 @@ import {
   type SavedStep,
   StepFencedError,
 } from '../contract/index.js';
+import { jsonProblem } from '../jobs/json-value.js';
 import type { IdempotencyContext } from './adapter-contract.js';
 import type { Engine } from './state.js';
 
 const MAX_STEP_NAME_LENGTH = 200;
+
+/**
+ * The engine's own steps are named `retrysafe:…`: each completer takeover saves one,
+ * `retrysafe:resume:N`, so that every process counts an operation's resumes alike (`maxResumes`).
+ */
+const ENGINE_STEP_PREFIX = 'retrysafe:';
+const RESUME_STEP_PREFIX = `${ENGINE_STEP_PREFIX}resume:`;
+
+/** How many times the completer took the operation of these finished steps over. */
+export function resumesOf(finished: readonly SavedStep[] | undefined): number {
+  let resumes = 0;
+  for (const step of finished ?? []) if (step.name.startsWith(RESUME_STEP_PREFIX)) resumes++;
+  return resumes;
+}
+
+/** The step a completer saves as it takes an operation over for the `resumes`th time. */
+export const resumeStep = (resumes: number, value: string): SavedStep => ({
+  name: `${RESUME_STEP_PREFIX}${resumes}`,
+  value,
+});
 
 /** How a context runs steps: lease mode saves each one (`leasedSteps`); atomic mode commits all at once. */
 export type StepMethods<Tx> = Pick<IdempotencyContext<Tx>, 'step' | 'phase'>;
@@ -39,9 +60,21 @@ export function handlerContext<Tx>(
  * is simply run (a phase on that transaction).
  */
 export function atomicSteps<Tx>(tx: Tx): StepMethods<Tx> {
+  const used = new Set<string>();
+  const use = (name: string) => {
+    checkName(name);
+    if (used.has(name)) throw reused(name);
+    used.add(name);
+  };
   return {
-    step: async (_name, fn) => fn(),
-    phase: async (_name, fn) => fn(tx),
+    step: async (name, fn) => {
+      use(name);
+      return fn();
+    },
+    phase: async (name, fn) => {
+      use(name);
+      return fn(tx);
+    },
   };
 }
 
@@ -51,6 +84,39 @@ function checkName(name: unknown): asserts name is string {
       `retrysafe: a step name must be a string of 1 to ${MAX_STEP_NAME_LENGTH} characters`,
     );
   }
+  if (name.startsWith(ENGINE_STEP_PREFIX)) {
+    throw new ConfigError(`retrysafe: step names starting with '${ENGINE_STEP_PREFIX}' are the engine's`);
+  }
+}
+
+// A second step of one name in one execution would answer the first one's result without running
+// (a loop charging three items under one name charged one): each step needs a name of its own.
+const reused = (name: string) =>
+  new ConfigError(
+    `retrysafe: step '${name}' already ran in this execution: give each step its own name (e.g. \`charge:\${item}\`)`,
+  );
+
+/**
+ * The JSON text step `name`'s result is saved as (`''` for `undefined`). A value JSON would not
+ * give back as itself (a BigInt, a cycle, a function, NaN, a Map, a Date) or past `maxBytes` is
+ * refused before anything is saved: the step throws, and the operation resumes at it.
+ */
+function stepText(name: string, value: unknown, maxBytes: number): string {
+  if (value === undefined) return '';
+  const problem = jsonProblem(value);
+  if (problem !== undefined) {
+    throw new ConfigError(
+      `retrysafe: step '${name}' returned a value JSON cannot save as it is: ${problem.replace('$', 'its result')}; nothing was saved`,
+    );
+  }
+  const text = JSON.stringify(value);
+  const bytes = Buffer.byteLength(text);
+  if (bytes > maxBytes) {
+    throw new ConfigError(
+      `retrysafe: step '${name}' returned ${bytes} bytes of JSON, over maxStepBytes ${maxBytes}; nothing was saved`,
+    );
+  }
+  return text;
 }
 
 /**
@@ -59,7 +125,7 @@ function checkName(name: unknown): asserts name is string {
  * the operation's first step, for the completer.
  */
 export function leasedSteps<Req, Tx>(
-  { config: { store }, codec, guard, emit }: Engine<Req>,
+  { config: { store, maxStepBytes }, codec, guard, emit }: Engine<Req>,
   claim: ClaimInput,
   token: string,
   finished: readonly SavedStep[] | undefined,
@@ -70,15 +136,19 @@ export function leasedSteps<Req, Tx>(
   // The request is on the record once any step is.
   let unsavedRequest = results.size === 0 ? request : undefined;
   const running = new Set<string>();
+  // Steps this execution ran or replayed: a takeover replays each finished step once.
+  const used = new Set<string>();
   const { scope, key } = claim;
 
   function finishedResult(name: string): { value: unknown } | undefined {
     checkName(name);
+    if (used.has(name)) throw reused(name);
     const saved = results.get(name);
     if (saved === undefined) {
       if (running.has(name)) throw new ConfigError(`retrysafe: step '${name}' is already running`);
       return undefined;
     }
+    used.add(name);
     if (emit) emit({ type: 'step_replayed', key, scope, name });
     return { value: codec.decodeValue(saved) };
   }
@@ -105,6 +175,7 @@ export function leasedSteps<Req, Tx>(
       );
     }
     unsavedRequest = undefined;
+    used.add(name);
     results.set(name, step.value);
     if (emit) emit({ type: 'step_saved', key, scope, name, phase, stepMs: performance.now() - startMs });
     // What a takeover would answer: the JSON round trip of the result.
@@ -115,7 +186,7 @@ export function leasedSteps<Req, Tx>(
     const done = finishedResult(name);
     if (done) return done.value as T;
     return (await settle(name, false, async () => {
-      const step = { name, value: codec.encodeValue(await fn()) };
+      const step = { name, value: codec.encodeText(stepText(name, await fn(), maxStepBytes)) };
       const saving = store.saveStep(scope, key, token, step, unsavedRequest?.());
       return { saved: await guard(saving, performance.now()), step };
     })) as T;
@@ -132,7 +203,7 @@ export function leasedSteps<Req, Tx>(
     return (await settle(name, true, async () => {
       let step: SavedStep | undefined;
       const work = async (tx: unknown) => {
-        step = { name, value: codec.encodeValue(await fn(tx as Tx)) };
+        step = { name, value: codec.encodeText(stepText(name, await fn(tx as Tx), maxStepBytes)) };
         return step;
       };
       return { saved: await store.phase(scope, key, token, work, unsavedRequest?.()), step };

@@ -24,6 +24,12 @@ import { checkOptions } from './validate.js';
 const NEVER_STORED = new Set(['set-cookie', 'date', 'authorization', 'cookie', 'proxy-authorization']);
 
 const MiB = 1024 * 1024;
+/**
+ * Default bound on a step's saved result: a step saves ids and amounts, and every claim of the key
+ * (each retry, each completer pass) reads all its steps back, so a large one slows every one of
+ * them (a 64 MB step made each later claim time out).
+ */
+const MAX_STEP_BYTES = 64 * 1024;
 
 /**
  * The longest `maxKeyLength`: with a scope of MAX_SCOPE_BYTES a key this long (printable ASCII,
@@ -93,6 +99,9 @@ export interface ResolvedOptions<Req = unknown> {
   readonly bounds: KeyBounds;
   readonly maxBodyBytes: number;
   readonly maxResponseBytes: number;
+  readonly maxStepBytes: number;
+  readonly route: string | undefined;
+  readonly maxResumes: number;
   readonly methods: ReadonlySet<string>;
   readonly scopeOf: (request: IncomingRequest<Req>) => string | Promise<string>;
   readonly fingerprintBody: FingerprintBody | undefined;
@@ -157,6 +166,12 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   }
   const maxBodyBytes = positiveInt('maxBodyBytes', options.maxBodyBytes, MiB);
   const maxResponseBytes = positiveInt('maxResponseBytes', options.maxResponseBytes, MiB);
+  const maxStepBytes = positiveInt('maxStepBytes', options.maxStepBytes, MAX_STEP_BYTES);
+  const maxResumes = positiveInt('maxResumes', options.maxResumes, 20);
+  const { route } = options;
+  if (route !== undefined && (typeof route !== 'string' || route === '' || route.length > 200)) {
+    throw new ConfigError('retrysafe: option `route` must be a string of 1 to 200 characters');
+  }
   if (options.methods !== undefined && !Array.isArray(options.methods)) {
     throw new ConfigError('retrysafe: option `methods` must be an array of HTTP methods');
   }
@@ -208,6 +223,9 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     bounds,
     maxBodyBytes,
     maxResponseBytes,
+    maxStepBytes,
+    route,
+    maxResumes,
     methods,
     scopeOf,
     fingerprintBody: options.fingerprintBody,

@@ -210,6 +210,32 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   maxResponseBytes?: number;
   /**
+   * Largest step result (`idem.step`, `idem.phase`) saved, in bytes of its JSON text. A larger
+   * one fails the step before anything is saved: every claim of the key reads its steps back.
+   * @default 65_536 (64 KiB)
+   * @example maxStepBytes: 1024 * 1024
+   */
+  maxStepBytes?: number;
+  /**
+   * How many times the completer (`resume`) may take an operation over before it gives up: the
+   * next resume then saves a final answer instead of running the handler (500
+   * `operation_abandoned`, replayed to every retry) and emits `gave_up`. Each resume is counted on
+   * the record (a step named `retrysafe:resume:N`), so every process agrees.
+   * @default 20
+   * @example maxResumes: 50
+   */
+  maxResumes?: number;
+  /**
+   * Names the handler these options guard, for the completer: saved with each operation's request
+   * (with its first step), and `resume` re-drives only operations saved under the same name, so
+   * one route's completer never finishes another route's operation with its own handler. Give
+   * each guarded handler with steps on a shared store a name of its own (one `idempotency()` per
+   * route). Without it, records are saved with no name and resumed only by engines without one.
+   * @default undefined
+   * @example route: 'POST /charges'
+   */
+  route?: string;
+  /**
    * Bound on a single store call, so a stuck database answers 503 instead of hanging.
    * @default '5s'
    * @example storeTimeout: '2s'
@@ -266,6 +292,9 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   maxKeyLength: true,
   maxBodyBytes: true,
   maxResponseBytes: true,
+  maxStepBytes: true,
+  route: true,
+  maxResumes: true,
   storeTimeout: true,
   encryptionKey: true,
   onError: true,

@@ -27,6 +27,15 @@ export function replayUnreadable(cause: unknown, key: string): IdempotencyError 
   );
 }
 
+export const operationAbandoned = (key: string, resumes: number) =>
+  new IdempotencyError(
+    500,
+    ErrorCode.operationAbandoned,
+    `The operation did not finish after ${resumes} attempts and was ended. Its finished steps may have taken effect; retrying with this key answers the same.`,
+    {},
+    key,
+  );
+
 export const conflict = (config: ResponseShaping, key: string) =>
   new IdempotencyError(
     config.mismatchStatus,

@@ -10,9 +10,10 @@ export function statements(t: string) {
   // of concurrent claims exactly one writes its token. MySQL assigns left to right, seeing the
   // columns already assigned, and MariaDB's SIMULTANEOUS_ASSIGNMENT sees the old ones: the test
   // `token = :token OR <condition>` is true after the takeover's first assignment under both.
-  // Steps and request come first, before any column they test is assigned: a takeover of a passed
-  // lease keeps them (the retry resumes the operation), one of a passed retention (a new
-  // operation) drops them.
+  // Steps, request and created_at_ms come before expires_at_ms, which they test, is assigned: a
+  // takeover of a passed lease keeps them and the first claim's retention (the retry resumes the
+  // operation, which still ends; never inside the new lease), one of a passed retention (a new
+  // operation) drops them and starts anew.
   const TAKE = `(token = :token OR expires_at_ms <= ${NOW_MS}
     OR (completed_at_ms IS NULL AND lease_until_ms <= ${NOW_MS} AND fingerprint = :fingerprint))`;
   const CLAIM = `INSERT INTO ${t} (scope, \`key\`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
@@ -24,8 +25,10 @@ export function statements(t: string) {
       token = IF(${TAKE}, :token, token),
       fingerprint = IF(${TAKE}, :fingerprint, fingerprint),
       lease_until_ms = IF(${TAKE}, ${NOW_MS} + :leaseMs, lease_until_ms),
-      created_at_ms = IF(${TAKE}, ${NOW_MS}, created_at_ms) + LAST_INSERT_ID(1) - 1,
-      expires_at_ms = IF(${TAKE}, ${NOW_MS} + :retainMs, expires_at_ms),
+      created_at_ms = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, ${NOW_MS}, created_at_ms), created_at_ms)
+        + LAST_INSERT_ID(1) - 1,
+      expires_at_ms = IF(${TAKE}, IF(expires_at_ms <= ${NOW_MS}, ${NOW_MS} + :retainMs,
+        GREATEST(expires_at_ms, ${NOW_MS} + :leaseMs)), expires_at_ms),
       status = IF(${TAKE}, NULL, status),
       headers = IF(${TAKE}, NULL, headers),
       body = IF(${TAKE}, NULL, body),

@@ -44,10 +44,15 @@ export function postgresStatements(t: string) {
   const CLAIM = claim(false);
   // A row is taken over when its retention has passed (a new operation), or when it is in progress
   // with a passed lease and the same fingerprint (a retry taking over a dead owner). The WHERE is
-  // checked again under the row lock, so of concurrent takeovers exactly one wins.
+  // checked again under the row lock, so of concurrent takeovers exactly one wins. A dead owner's
+  // operation keeps its created_at_ms and retention (so one that keeps failing still ends), never
+  // expiring inside the new lease.
   const takeOver = (bounded: boolean) => `WITH ${bounded ? BOUNDS : NOW}
-    UPDATE ${t} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5, created_at_ms = n.ms,
-      expires_at_ms = n.ms + $6, completed_at_ms = NULL, status = NULL, headers = NULL,
+    UPDATE ${t} SET fingerprint = $3, token = $4, lease_until_ms = n.ms + $5,
+      created_at_ms = CASE WHEN expires_at_ms <= n.ms THEN n.ms ELSE created_at_ms END,
+      expires_at_ms = CASE WHEN expires_at_ms <= n.ms THEN n.ms + $6
+        ELSE GREATEST(expires_at_ms, n.ms + $5) END,
+      completed_at_ms = NULL, status = NULL, headers = NULL,
       body = NULL,
       steps = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE steps END,
       request = CASE WHEN expires_at_ms <= n.ms THEN NULL ELSE request END

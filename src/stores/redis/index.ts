@@ -467,7 +467,12 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       if (durability && answer.outcome === 'acquired') {
         const replicas = await replicated(id);
         if (replicas < durability.replicas) {
-          await commands.retrysafeRelease(id, ownerPrefix(token), channel).catch(() => {});
+          // A takeover's finished steps must outlive the refused claim (deleted, the retry would
+          // run them again): its lease is ended instead.
+          const letGo = answer.steps?.length
+            ? commands.retrysafeRenew(id, ownerPrefix(token), 1)
+            : commands.retrysafeRelease(id, ownerPrefix(token), channel);
+          await letGo.catch(() => {});
           throw shortOfReplicas('claim', replicas);
         }
       }

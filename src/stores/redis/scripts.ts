@@ -45,12 +45,22 @@ if ${LEGACY_HASH} then
 else
   local value = redis.call('GET', key)
   if value and string.sub(value, 1, 1) == 'P' then
-    local leaseOffset, _, heldFingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
+    local leaseOffset, created, heldFingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
     if heldFingerprint ~= fingerprint then return {'mismatch'} end
-    local left = redis.call('PTTL', key) - tonumber(leaseOffset)
+    local expiresIn = redis.call('PTTL', key)
+    local left = expiresIn - tonumber(leaseOffset)
     if left > 0 then return {'in_progress', left} end
-    -- A takeover: the finished steps stay with the record and go back to the new owner.
-    redis.call('SET', key, newRecord .. steps, 'PX', retainMs)
+    -- A takeover: the finished steps stay with the record and go back to the new owner, and so do
+    -- its creation time and retention (they count from the first claim, so an operation that
+    -- keeps failing still ends), the key's TTL growing only should the new lease outlive it.
+    local owner, newLeaseOffset = string.match(newRecord, '^(P\\n[^\\n]*\\n)([^\\n]*)\\n')
+    local lease = tonumber(retainMs) - tonumber(newLeaseOffset)
+    local grown = 0
+    if expiresIn < lease then
+      grown = lease - expiresIn
+      expiresIn = lease
+    end
+    redis.call('SET', key, owner .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'PX', expiresIn)
     return {'acquired', steps}
   elseif value then
     return {'record', value}

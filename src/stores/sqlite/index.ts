@@ -297,15 +297,19 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   addStepColumns(db, table);
 
   // A row takes a new claim when its retention has passed (a new operation), or when it is in
-  // progress with a passed lease and the same fingerprint (a retry taking over a dead owner).
+  // progress with a passed lease and the same fingerprint (a retry taking over a dead owner). A
+  // takeover goes on with the same operation: its created_at_ms and retention stay the first
+  // claim's (so one that keeps failing still ends), never expiring inside the new lease.
   // Positional parameters: binding them costs a fraction of looking up named ones in an object.
   const claimStatement = db.prepare(`
     INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
     VALUES (?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (scope, key) DO UPDATE SET
       fingerprint = excluded.fingerprint, token = excluded.token,
-      lease_until_ms = excluded.lease_until_ms, created_at_ms = excluded.created_at_ms,
-      expires_at_ms = excluded.expires_at_ms,
+      lease_until_ms = excluded.lease_until_ms,
+      created_at_ms = CASE WHEN ${t}.expires_at_ms <= ? THEN excluded.created_at_ms ELSE ${t}.created_at_ms END,
+      expires_at_ms = CASE WHEN ${t}.expires_at_ms <= ? THEN excluded.expires_at_ms
+        ELSE max(${t}.expires_at_ms, excluded.lease_until_ms) END,
       completed_at_ms = NULL, status = NULL, headers = NULL, body = NULL,
       steps = CASE WHEN ${t}.expires_at_ms <= ? THEN NULL ELSE ${t}.steps END,
       request = CASE WHEN ${t}.expires_at_ms <= ? THEN NULL ELSE ${t}.request END
@@ -393,6 +397,8 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       nowMs + input.leaseMs,
       nowMs,
       nowMs + input.retainMs,
+      nowMs,
+      nowMs,
       nowMs,
       nowMs,
       nowMs,
