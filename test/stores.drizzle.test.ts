@@ -1,11 +1,10 @@
 import { sql } from 'drizzle-orm';
 import { drizzle, type NodePgDatabase } from 'drizzle-orm/node-postgres';
 import pg from 'pg';
-import { describe, expect, it } from 'vitest';
+import { describe } from 'vitest';
 import { type DrizzleTransaction, drizzleStore } from '../src/stores/sql/drivers/drizzle.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
 import { hasPostgres, PG_URL } from './support/services.js';
-import { claimInput } from './support/store-calls.js';
 
 type Tx = DrizzleTransaction<NodePgDatabase>;
 
@@ -21,21 +20,5 @@ describe.skipIf(!hasPostgres)('drizzle (node-postgres)', () => {
       rawCommit: (tx) => tx.execute(sql.raw('COMMIT')),
       close: () => pool.end(),
     };
-  });
-
-  it('without migrate, a missing table is a ConfigError naming the fix, in lease and atomic mode', async () => {
-    const pool = new pg.Pool({ connectionString: PG_URL, max: 2 });
-    try {
-      const bare = drizzleStore(drizzle(pool), { schema: 'rs_drizzle_none' });
-      await expect(bare.claim(claimInput('x'))).rejects.toThrow(/does not exist.*migrate: true/s);
-      await expect(
-        bare.atomic(claimInput('y'), async () => ({
-          response: { status: 201, headers: {}, body: new Uint8Array() },
-          commit: true,
-        })),
-      ).rejects.toThrow(/does not exist/);
-    } finally {
-      await pool.end();
-    }
   });
 });

@@ -1,9 +1,11 @@
 import { PrismaPg } from '@prisma/adapter-pg';
+import { drizzle as drizzleOrm } from 'drizzle-orm/node-postgres';
 import knexFactory from 'knex';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { PrismaClient } from '../../examples/orm/prisma/generated/client.js';
+import { drizzleStore } from '../../src/stores/sql/drivers/drizzle.js';
 import { knexStore } from '../../src/stores/sql/drivers/knex.js';
 import { kyselyStore } from '../../src/stores/sql/drivers/kysely.js';
 import { prismaStore } from '../../src/stores/sql/drivers/prisma.js';
@@ -39,6 +41,11 @@ function ormFactory(
     },
   };
 }
+
+export const drizzle = ormFactory('drizzle', async (schema) => {
+  const pool = new pg.Pool({ connectionString: PG_URL, max: 10 });
+  return { store: drizzleStore(drizzleOrm(pool), { schema }), close: () => pool.end() };
+});
 
 export const kysely = ormFactory('kysely', async (schema) => {
   const db = new Kysely<any>({

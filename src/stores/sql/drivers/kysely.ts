@@ -82,7 +82,10 @@ export function kyselyDriver<DB>(db: Kysely<DB>): SqlDriver<KyselyTx<DB>> {
       }
       return result;
     },
-    queryIn: (tx, sql, params) => run(tx, sql, params),
+    // A handler that ended the transaction through Kysely (`tx.commit()`, `tx.rollback()`) left
+    // what follows outside any transaction, as a raw COMMIT does; Kysely refuses `tx` from then on,
+    // so the store's statements run on `db`, where the store sees that the transaction has ended.
+    queryIn: (tx, sql, params) => run(tx.isCommitted || tx.isRolledBack ? db : tx, sql, params),
     errorCode: databaseErrorCode,
   };
 }
