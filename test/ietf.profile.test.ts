@@ -95,6 +95,16 @@ const post = (app: App, body: unknown, key?: string, headers: Record<string, str
     body: JSON.stringify(body),
   });
 
+/** A request held in its handler under a fresh key, and a duplicate of it answered meanwhile. */
+async function duplicateWhileHeld(app: App) {
+  const key = `"${randomUUID()}"`;
+  const held = app.hold();
+  const original = post(app, { a: 1 }, key);
+  await held.running;
+  const duplicate = await post(app, { a: 1 }, key);
+  return { key, original, duplicate, release: () => held.release() };
+}
+
 /** Sends header lines as written (fetch joins repeated headers). */
 function rawPost(app: App, headerLines: string[]): Promise<{ status: number; text: string }> {
   const { port } = new URL(app.url);
@@ -241,12 +251,8 @@ describe.each(Object.keys(adapters))("profile 'ietf' against the draft (-07), ov
 
     it('"Concurrent Request … SHOULD respond with a resource conflict error"', async () => {
       const app = await start();
-      const key = `"${randomUUID()}"`;
-      const held = app.hold();
-      const original = post(app, { a: 1 }, key);
-      await held.running;
-      const duplicate = await post(app, { a: 1 }, key);
-      held.release();
+      const { original, duplicate, release } = await duplicateWhileHeld(app);
+      release();
       expect((await original).status).toBe(201);
       expect(duplicate.status).toBe(409);
       expect(app.runs()).toBe(1);
@@ -269,15 +275,11 @@ describe.each(Object.keys(adapters))("profile 'ietf' against the draft (-07), ov
 
     it('"If the request is retried, while the original request is still being processed … SHOULD reply with an HTTP 409 status code with body containing problem description": at once, with Retry-After', async () => {
       const app = await start();
-      const key = `"${randomUUID()}"`;
-      const held = app.hold();
-      const original = post(app, { a: 1 }, key);
-      await held.running;
-      const duplicate = await post(app, { a: 1 }, key);
+      const { original, duplicate, release } = await duplicateWhileHeld(app);
       // Answered while the original is still held: the profile does not wait (`concurrency: 'reject'`).
       expect(Number(duplicate.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
       await expectProblem(duplicate, 409, 'A request is outstanding for this Idempotency-Key');
-      held.release();
+      release();
       await original;
     });
 
@@ -287,12 +289,9 @@ describe.each(Object.keys(adapters))("profile 'ietf' against the draft (-07), ov
       await post(app, { a: 1 }, key);
       expect((await post(app, { a: 2 }, key)).status).toBe(422);
       expect((await post(app, { a: 2 }, key)).status).toBe(422);
-      const other = `"${randomUUID()}"`;
-      const held = app.hold();
-      const original = post(app, { a: 1 }, other);
-      await held.running;
-      expect((await post(app, { a: 1 }, other)).status).toBe(409);
-      held.release();
+      const { key: other, original, duplicate, release } = await duplicateWhileHeld(app);
+      expect(duplicate.status).toBe(409);
+      release();
       await original;
       const retried = await post(app, { a: 1 }, other);
       expect(retried.status).toBe(201);
