@@ -1,6 +1,15 @@
-import { Kysely, MysqlDialect, sql } from 'kysely';
+import {
+  DummyDriver,
+  Kysely,
+  MysqlDialect,
+  SqliteAdapter,
+  SqliteIntrospector,
+  SqliteQueryCompiler,
+  sql,
+} from 'kysely';
 import mysql from 'mysql2';
 import { describe, expect, it } from 'vitest';
+import { ConfigError } from '../src/core/contract/index.js';
 import { type KyselyTx, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
 import { positional } from '../src/stores/sql/placeholders.js';
 import { describeMysqlOrmStore } from './conformance/orm-mysql-suite.js';
@@ -41,5 +50,20 @@ describe('positional: the mysql store’s :name placeholders as ?', () => {
 
   it('refuses a name without a value', () => {
     expect(() => positional('SELECT :missing', {})).toThrow(/:missing/);
+  });
+});
+
+describe('sqlStore: the dialects', () => {
+  it('has none for SQLite over a driver yet: a ConfigError naming the store to use', () => {
+    const db = new Kysely<any>({
+      dialect: {
+        createAdapter: () => new SqliteAdapter(),
+        createDriver: () => new DummyDriver(),
+        createIntrospector: (kysely) => new SqliteIntrospector(kysely),
+        createQueryCompiler: () => new SqliteQueryCompiler(),
+      },
+    });
+    expect(() => kyselyStore(db)).toThrow(ConfigError);
+    expect(() => kyselyStore(db)).toThrow(/retrysafe\/sqlite/);
   });
 });

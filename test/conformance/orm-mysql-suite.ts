@@ -183,6 +183,45 @@ export function describeMysqlOrmStore<Tx>(
       });
     }
 
+    it("a duplicate from another process waits at most its waitMs on the record's lock; the handler runs unbounded", async () => {
+      const other = await open(database.url);
+      const elsewhere = other.store({});
+      try {
+        const input = { ...claimInput('held'), waitMs: 1000 };
+        const [{ bound }] = (
+          await admin.query<mysql.RowDataPacket[]>('SELECT @@GLOBAL.innodb_lock_wait_timeout AS bound')
+        )[0] as [{ bound: number }];
+        let release!: () => void;
+        const holding = new Promise<void>((resolve) => (release = resolve));
+        let claimed!: () => void;
+        const held = new Promise<void>((resolve) => (claimed = resolve));
+        let seen: unknown;
+        const first = store.atomic(input, async (tx) => {
+          const { rows } = await store.driver.queryIn<{ bound: unknown }>(
+            tx,
+            'SELECT @@SESSION.innodb_lock_wait_timeout AS bound',
+            [],
+          );
+          seen = rows[0]?.bound;
+          claimed();
+          await holding;
+          return answer();
+        });
+        await held;
+        const blocked = await elsewhere.atomic(input, async () => {
+          throw new Error('the duplicate must not run');
+        });
+        expect(blocked).toEqual({ outcome: 'in_progress', retryAfterMs: 1000 });
+        release();
+        expect(await first).toMatchObject({ outcome: 'executed', committed: true });
+        expect(Number(seen)).toBe(Number(bound));
+        expect(await elsewhere.atomic(input, async () => answer())).toMatchObject({ outcome: 'replay' });
+      } finally {
+        await elsewhere.close();
+        await other.close();
+      }
+    });
+
     it('200 concurrent duplicates write one row', async () => {
       const before = await rows();
       const input = claimInput('hot');
