@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { STATUS_CODES } from 'node:http';
 import { parseArgs } from 'node:util';
 import type { IdempotencyStore, KeyRecordSummary } from './core/contract/index.js';
@@ -139,21 +139,21 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
   if (pooling !== undefined) throw new UsageError('--pooling applies to PostgreSQL only');
   if (databaseKind(databaseUrl) === 'mysql') return openMysql(command, databaseUrl, tableName);
-  const { default: Database } = await driver(() => import('better-sqlite3'), 'better-sqlite3');
   const label = `"${tableName}" in ${databaseUrl}`;
   if (command !== 'migrate') {
+    // Checked before the store opens the file, which would create it (a typo then makes one).
+    if (!existsSync(databaseUrl))
+      throw new UsageError(`no SQLite database ${databaseUrl}: check --database-url`);
+    // better-sqlite3 where it is installed, else Node's own node:sqlite (Node ≥ 22.16).
+    const { openDatabase } = await import('./stores/sqlite/driver.js');
+    const db = openDatabase(databaseUrl, undefined, 5000);
     let exists: boolean;
     try {
-      const db = new Database(databaseUrl, { readonly: true, fileMustExist: true });
-      try {
-        exists =
-          db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(tableName) !==
-          undefined;
-      } finally {
-        db.close();
-      }
-    } catch (error) {
-      throw new Error(`cannot open the SQLite database ${databaseUrl}: ${(error as Error).message}`);
+      exists =
+        db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(tableName) !==
+        undefined;
+    } finally {
+      db.close();
     }
     if (!exists) throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
   }

@@ -12,7 +12,7 @@ import {
   plan,
   type RunningApp,
 } from './conformance/adapter-suite.js';
-import { knex, kysely, typeorm } from './support/orm-store-factories.js';
+import { drizzle, knex, kysely, prisma, typeorm } from './support/orm-store-factories.js';
 import {
   memory,
   mysql,
@@ -59,7 +59,7 @@ const nodeAdapter: AdapterUnderTest = {
 
 describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, mysql, redis]);
 // The ORM stores through one adapter: the engine's atomic path over each ORM's transaction.
-describeAdapterConformance(nodeAdapter, [kysely, knex, typeorm]);
+describeAdapterConformance(nodeAdapter, [drizzle, kysely, knex, typeorm, prisma]);
 
 const MiB = 1024 * 1024;
 

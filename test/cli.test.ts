@@ -20,6 +20,7 @@ import { idempotent } from '../src/core/index.js';
 import { mysqlStore } from '../src/stores/mysql/index.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
+import { nodeSqliteAvailable } from '../src/stores/sqlite/driver.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import {
@@ -125,7 +126,6 @@ describe('retrysafe CLI', () => {
       const modules = new URL('../node_modules/', import.meta.url).pathname;
       for (const [driver, args] of [
         ['pg', ['keys', 'list', '--database-url', 'postgres://root@127.0.0.1:1/test']],
-        ['better-sqlite3', ['keys', 'list', '--database-url', join(project, 'keys.db')]],
         ['ioredis', ['keys', 'list', '--redis-url', 'redis://127.0.0.1:1']],
       ] as const) {
         rmSync(join(project, 'node_modules'), { recursive: true, force: true });
@@ -142,6 +142,21 @@ describe('retrysafe CLI', () => {
     }
   });
 
+  // Hiding better-sqlite3 needs module.registerHooks, as node:sqlite's store needs Node 22.16.
+  it.skipIf(!nodeSqliteAvailable())(
+    'without better-sqlite3, the SQLite commands run on node:sqlite',
+    async () => {
+      const file = join(mkdtempSync(join(tmpdir(), 'retrysafe-cli-nodesqlite-')), 'keys.db');
+      const hidden = {
+        NODE_OPTIONS: `--import=${new URL('./support/without-better-sqlite3.mjs', import.meta.url).href}`,
+      };
+      const migrated = await runCli(CLI, ['migrate', '--database-url', file], undefined, hidden);
+      expect(migrated.code).toBe(0);
+      const listed = await runCli(CLI, ['keys', 'list', '--database-url', file], undefined, hidden);
+      expect(listed.code).toBe(0);
+    },
+  );
+
   it('exits 1 with the error when the database is unreachable', async () => {
     const run = await cli('migrate', '--database-url', 'postgres://postgres@127.0.0.1:1/test');
     expect(run.code).toBe(1);
@@ -153,10 +168,10 @@ describe('retrysafe CLI', () => {
     const file = join(dir, 'keys.db');
     afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-    it('purge on a path with no database exits 1 naming it, and creates nothing', async () => {
+    it('purge on a path with no database exits 2 naming it, and creates nothing', async () => {
       const mistyped = join(dir, 'kyes.db');
       const run = await cli('purge', '--database-url', mistyped);
-      expect(run.code).toBe(1);
+      expect(run.code).toBe(2);
       expect(run.stderr).toContain(mistyped);
       expect(existsSync(mistyped)).toBe(false);
     });

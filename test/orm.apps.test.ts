@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
   type AppDatabase,
   freshDatabase,
@@ -32,6 +32,10 @@ describe.skipIf(!hasPostgres)('ORM quick starts (examples/orm/<orm>/app.js) on P
       await app?.stop();
       await database?.drop();
     }, 60_000);
+    // What the app printed explains a failure that its answers alone do not.
+    afterEach((context) => {
+      if (context.task.result?.state === 'fail') console.error(`${orm} app output:\n${app?.output()}`);
+    });
 
     const rowsOf = async (item: string) => (await app.orders()).filter((order) => order.item === item).length;
 

@@ -1,6 +1,7 @@
 import knexFactory, { type Knex } from 'knex';
 import { describe, expect, it } from 'vitest';
-import { knexDriver, knexPlaceholders, knexStore } from '../src/stores/sql/drivers/knex.js';
+import { knexDriver, knexStore } from '../src/stores/sql/drivers/knex.js';
+import { knexPlaceholders } from '../src/stores/sql/drivers/knex-placeholders.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
 import { hasPostgres, PG_URL } from './support/services.js';
 
@@ -13,6 +14,19 @@ describe('knexPlaceholders', () => {
     expect(knexPlaceholders(`SELECT 'it''s $1', $1`, [7])).toEqual({
       sql: `SELECT 'it''s $1', ?`,
       bindings: [7],
+    });
+  });
+
+  it('leaves a $n or ? in a comment or a dollar-quoted body as text, whatever quotes they hold', () => {
+    expect(knexPlaceholders(`SELECT $1 -- the record's ? $1\n, $2 /* it's $2? */`, ['a', 'b'])).toEqual({
+      sql: `SELECT ? -- the record's \\? $1\n, ? /* it's $2\\? */`,
+      bindings: ['a', 'b'],
+    });
+    expect(
+      knexPlaceholders(`DO $$ BEGIN RAISE NOTICE 'a? $1'; END $$; SELECT $1, $tag$ $1 ? $tag$`, [1]),
+    ).toEqual({
+      sql: `DO $$ BEGIN RAISE NOTICE 'a\\? $1'; END $$; SELECT ?, $tag$ $1 \\? $tag$`,
+      bindings: [1],
     });
   });
 
@@ -30,6 +44,7 @@ describe.skipIf(!hasPostgres)('knex', () => {
       // Knex nests a transaction on a transaction as a savepoint.
       nested: (tx, work) => tx.transaction((inner) => work(inner)),
       rawCommit: (tx) => tx.raw('COMMIT'),
+      end: { commit: (tx) => tx.commit(), rollback: (tx) => tx.rollback() },
       close: () => knex.destroy(),
     };
   });

@@ -34,6 +34,7 @@ describe.skipIf(!hasPostgres)('kysely', () => {
         await inner.releaseSavepoint('nested').execute();
       },
       rawCommit: (tx) => sql`COMMIT`.execute(tx),
+      end: { commit: (tx) => tx.commit().execute(), rollback: (tx) => tx.rollback().execute() },
       close: () => db.destroy(),
     };
   });

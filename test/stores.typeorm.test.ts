@@ -15,6 +15,10 @@ describe.skipIf(!hasPostgres)('typeorm', () => {
         // TypeORM nests a transaction on a transaction's manager as a savepoint.
         nested: (tx, work) => tx.transaction((inner) => work(inner)),
         rawCommit: (tx) => tx.query('COMMIT'),
+        end: {
+          commit: (tx) => tx.queryRunner!.commitTransaction(),
+          rollback: (tx) => tx.queryRunner!.rollbackTransaction(),
+        },
         close: () => dataSource.destroy(),
       };
     },

@@ -21,7 +21,7 @@ export const TRANSACTION_ENDED_RESPONSE: StoredResponse = {
 /** The error an atomic store throws once it has kept {@link TRANSACTION_ENDED_RESPONSE} on `key`. */
 export function transactionEnded(owner: string, key: string, cause: unknown): TransactionEndedError {
   return new TransactionEndedError(
-    `${owner}: the handler ended the operation's transaction itself (a COMMIT or ROLLBACK of its own, or an ORM transaction opened on a new wrapper of ctx.tx) before its answer was saved. Its writes may be committed; the key "${key}" now answers 500 and is not run again. Write through ctx.tx, and nest with ctx.tx.transaction(), which makes a savepoint.`,
+    `${owner}: the handler ended the operation's transaction itself (a COMMIT or ROLLBACK of its own, or an ORM transaction opened on a new wrapper of ctx.tx) before its answer was saved. Its writes may be committed; the key "${key}" now answers 500 and is not run again. Write through ctx.tx, and nest with the ORM's own nested transaction on ctx.tx (a savepoint: tx.transaction(), Prisma's tx.$transaction(async …), Kysely's tx.savepoint()).`,
     { cause },
   );
 }

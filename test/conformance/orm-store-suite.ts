@@ -16,17 +16,23 @@ export interface OrmUnderTest<Tx> {
   insert(tx: Tx, table: string): Promise<unknown>;
   /** Runs `work` in the ORM's own nested transaction on `tx` (a savepoint the ORM's way). */
   nested(tx: Tx, work: (inner: Tx) => Promise<void>): Promise<void>;
-  /** Sends a raw `COMMIT` on `tx` through the ORM, as a careless handler might. */
+  /** Sends a raw `COMMIT` on `tx` through the ORM, as a careless handler might (the conformance suite's raw-COMMIT tests). */
   rawCommit(tx: Tx): Promise<unknown>;
   /** Closes the ORM's connections. */
   close(): Promise<void>;
+  /**
+   * Ends `tx` through the ORM's own API rather than raw SQL, where the ORM has one: Kysely's
+   * `tx.commit()`, Knex's `trx.commit()`, TypeORM's query runner's `commitTransaction()`.
+   */
+  end?: { commit(tx: Tx): Promise<unknown>; rollback(tx: Tx): Promise<unknown> };
 }
 
 /**
  * An ORM binding's whole check on PostgreSQL: its driver against the seam, its store against the
  * store and `idempotent()` conformance suites with an atomic probe writing through the ORM's
- * transaction, and atomic mode with the ORM's own habits (a nested transaction, a raw COMMIT,
- * 200 concurrent duplicates). `open` makes a fresh ORM instance each time it is called.
+ * transaction (which ends it with a raw COMMIT for the raw-COMMIT tests), and atomic mode with the
+ * ORM's own nested transaction, 200 concurrent duplicates and a missing table. `open` makes a
+ * fresh ORM instance each time it is called.
  */
 export function describeOrmStore<Tx>(
   name: string,
@@ -119,30 +125,6 @@ export function describeOrmStore<Tx>(
       expect(await store.get(input.scope, input.key)).toMatchObject({ state: 'completed', status: 201 });
     });
 
-    for (const ending of ['returns', 'throws'] as const) {
-      it(`a raw COMMIT through the ORM, then the handler ${ending}: caught, and the key never runs again`, async () => {
-        const before = await rows();
-        const input = claimInput(`raw-commit-${ending}`);
-        let runs = 0;
-        const work = async (tx: Tx) => {
-          runs++;
-          await orm.insert(tx, orders);
-          await orm.rawCommit(tx);
-          if (ending === 'throws') throw new Error('after its own commit');
-          return answer();
-        };
-        const failure = await store.atomic(input, work).catch((error: unknown) => error);
-        expect(isTransactionEnded(failure)).toBe(true);
-        expect(await rows()).toBe(before + 1);
-        expect(await store.atomic(input, work)).toMatchObject({
-          outcome: 'replay',
-          response: { status: 500 },
-        });
-        expect(runs).toBe(1);
-        expect(await rows()).toBe(before + 1);
-      });
-    }
-
     it('200 concurrent duplicates write one row', async () => {
       const before = await rows();
       const input = claimInput('hot');
@@ -156,6 +138,50 @@ export function describeOrmStore<Tx>(
       );
       expect(results.filter((result) => result.outcome === 'executed')).toHaveLength(1);
       expect(await rows()).toBe(before + 1);
+    });
+
+    const endingThrough = (how: 'commit' | 'rollback', counter: { runs: number }) => async (tx: Tx) => {
+      counter.runs++;
+      await orm.insert(tx, orders);
+      await orm.end![how](tx);
+      return answer();
+    };
+
+    it("the handler commits through the ORM's own API: caught as a raw COMMIT is, and the write never runs again", async (context) => {
+      if (!orm.end) return context.skip('the ORM has no API to end its transaction');
+      const before = await rows();
+      const input = claimInput('own-commit');
+      const counter = { runs: 0 };
+      const failure = await store
+        .atomic(input, endingThrough('commit', counter))
+        .catch((error: unknown) => error);
+      expect(isTransactionEnded(failure)).toBe(true);
+      expect(await rows()).toBe(before + 1);
+      expect(await store.atomic(input, endingThrough('commit', counter))).toMatchObject({
+        outcome: 'replay',
+        response: { status: 500 },
+      });
+      expect(counter.runs).toBe(1);
+      expect(await rows()).toBe(before + 1);
+    });
+
+    it("the handler rolls back through the ORM's own API: caught too; nothing is kept, and the key is free", async (context) => {
+      if (!orm.end) return context.skip('the ORM has no API to end its transaction');
+      const before = await rows();
+      const input = claimInput('own-rollback');
+      const counter = { runs: 0 };
+      const failure = await store
+        .atomic(input, endingThrough('rollback', counter))
+        .catch((error: unknown) => error);
+      expect(isTransactionEnded(failure)).toBe(true);
+      expect(await rows()).toBe(before);
+      expect(await store.get(input.scope, input.key)).toBeUndefined();
+    });
+
+    it('without migrate, a missing table is a ConfigError naming the fix', async () => {
+      const bare = orm.store({ schema: `${schema}_none` });
+      await expect(bare.claim(claimInput('x'))).rejects.toThrow(/does not exist.*migrate: true/s);
+      await expect(bare.atomic(claimInput('y'), async () => answer())).rejects.toThrow(/does not exist/);
     });
   });
 }

@@ -1,9 +1,14 @@
+import { PrismaPg } from '@prisma/adapter-pg';
+import { drizzle as drizzleOrm } from 'drizzle-orm/node-postgres';
 import knexFactory from 'knex';
 import { Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
+import { PrismaClient } from '../../examples/orm/prisma/generated/client.js';
+import { drizzleStore } from '../../src/stores/sql/drivers/drizzle.js';
 import { knexStore } from '../../src/stores/sql/drivers/knex.js';
 import { kyselyStore } from '../../src/stores/sql/drivers/kysely.js';
+import { prismaStore } from '../../src/stores/sql/drivers/prisma.js';
 import { typeormStore } from '../../src/stores/sql/drivers/typeorm.js';
 import type { SqlStore } from '../../src/stores/sql/store.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './services.js';
@@ -37,6 +42,11 @@ function ormFactory(
   };
 }
 
+export const drizzle = ormFactory('drizzle', async (schema) => {
+  const pool = new pg.Pool({ connectionString: PG_URL, max: 10 });
+  return { store: drizzleStore(drizzleOrm(pool), { schema }), close: () => pool.end() };
+});
+
 export const kysely = ormFactory('kysely', async (schema) => {
   const db = new Kysely<any>({
     dialect: new PostgresDialect({ pool: new pg.Pool({ connectionString: PG_URL, max: 10 }) }),
@@ -52,4 +62,10 @@ export const knex = ormFactory('knex', async (schema) => {
 export const typeorm = ormFactory('typeorm', async (schema) => {
   const dataSource = await new DataSource({ type: 'postgres', url: PG_URL, poolSize: 10 }).initialize();
   return { store: typeormStore(dataSource, { schema }), close: () => dataSource.destroy() };
+});
+
+/** The quick start's generated client (test/support/build.ts makes it), through @prisma/adapter-pg. */
+export const prisma = ormFactory('prisma', async (schema) => {
+  const client = new PrismaClient({ adapter: new PrismaPg({ connectionString: PG_URL, max: 10 }) });
+  return { store: prismaStore(client, { schema }), close: () => client.$disconnect() };
 });

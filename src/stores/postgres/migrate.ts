@@ -51,7 +51,10 @@ export async function migrateIn(
   schema: string,
   table: string,
 ): Promise<void> {
-  await query('SELECT pg_advisory_xact_lock(hashtext($1))', [`retrysafe_migrate_"${schema}"."${table}"`]);
+  // No `void` column in the answer: some drivers (Prisma) cannot decode one.
+  await query('SELECT 1 AS locked FROM pg_advisory_xact_lock(hashtext($1))', [
+    `retrysafe_migrate_"${schema}"."${table}"`,
+  ]);
   // CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege even when the schema exists.
   const { rows } = await query('SELECT 1 AS found FROM pg_namespace WHERE nspname = $1', [schema]);
   for (const statement of postgresMigrationSql({ schema, table })) {

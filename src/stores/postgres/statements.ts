@@ -14,14 +14,14 @@ export const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 export function postgresStatements(t: string) {
   const NOW = `n AS (SELECT ${NOW_MS} AS ms)`;
   // The bounded claim (atomic mode over a driver) sets its own lock and statement timeouts ($7,
-  // $8) before it inserts or locks, and sets them back to the session's defaults once it has its
-  // row, so the handler's statements never run under them: one round trip where the `pg` store
-  // pipelines three statements in a simple query, which no ORM can send.
+  // $8) before it inserts or locks, and sets them back to the session's defaults ($9, $10: read
+  // once, since pg_settings costs a millisecond a read) once it has its row, so the handler's
+  // statements never run under them: one round trip where the `pg` store pipelines three
+  // statements in a simple query, which no ORM can send.
   const BOUNDS = `bounds AS MATERIALIZED (SELECT set_config('lock_timeout', $7, true) AS l,
       set_config('statement_timeout', $8, true) AS s),
     n AS (SELECT ${NOW_MS} AS ms FROM bounds)`;
-  const UNBOUND = `, set_config('lock_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'lock_timeout'), true) AS l,
-      set_config('statement_timeout', (SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout'), true) AS s`;
+  const UNBOUND = `, set_config('lock_timeout', $9, true) AS l, set_config('statement_timeout', $10, true) AS s`;
   // One round trip for the common cases: a new key inserts; an existing one is read back in the
   // same statement. DO NOTHING, unlike DO UPDATE, neither locks nor writes the existing row, so
   // replays of a hot key run in parallel. The read uses the statement's snapshot and so misses a
@@ -135,8 +135,11 @@ export function postgresStatements(t: string) {
   // Whether the transaction that claimed has ended under us: it got an id with its claim, so a
   // statement that finds none runs outside it (autocommit, after the handler's own COMMIT).
   const ENDED = 'SELECT txid_current_if_assigned() IS NULL AS ended';
+  // The session's own lock and statement timeouts, which a bounded claim sets back.
+  const SESSION_TIMEOUTS = `SELECT name, reset_val FROM pg_settings WHERE name IN ('lock_timeout', 'statement_timeout')`;
   return {
     ENDED,
+    SESSION_TIMEOUTS,
     GET: get(SUMMARY_COLUMNS),
     GET_WITH_RESPONSE: get(`${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS}`),
     list,

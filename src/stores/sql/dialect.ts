@@ -28,6 +28,11 @@ export interface StoreDialect {
   /** A lease-mode claim, in autocommit. */
   claim(run: Run, input: ClaimInput): Promise<ClaimResult>;
   /**
+   * Runs before each atomic call opens its transaction, outside it (what a dialect reads once per
+   * store on a connection of its own, which a one-connection pool could not give inside it).
+   */
+  beforeAtomic?(): Promise<void>;
+  /**
    * Atomic mode's claim inside the operation's transaction, a duplicate's wait bounded by `waitMs`
    * (then `in_progress`) and anything else by `timeoutMs`; the handler's statements never run
    * under those bounds. `undefined`: the transaction was lost (a deadlock) or the record changed

@@ -181,6 +181,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
     let token: string | undefined;
+    await dialect.beforeAtomic?.();
     try {
       for (let attempt = 1; ; attempt++) {
         try {

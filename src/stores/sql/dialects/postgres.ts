@@ -19,7 +19,7 @@ const DIVISION_BY_ZERO = '22012';
  * wake on ours too.
  */
 export function postgresDialect(
-  driver: Pick<SqlDriver<unknown>, 'errorCode'>,
+  driver: Pick<SqlDriver<unknown>, 'errorCode' | 'query'>,
   options: { schema?: string; table?: string },
 ): StoreDialect {
   const schema = identifier('schema', options.schema ?? 'public');
@@ -38,7 +38,24 @@ export function postgresDialect(
     toBuffer(response.body),
   ];
 
+  /** The session's lock and statement timeouts, which a bounded claim sets back; read once. */
+  let resets: Promise<string[]> | undefined;
+  let reset: string[] | undefined;
+
   return {
+    async beforeAtomic() {
+      resets ??= driver.query<{ name: string; reset_val: string }>(sql.SESSION_TIMEOUTS, []).then(
+        ({ rows }) =>
+          ['lock_timeout', 'statement_timeout'].map(
+            (name) => rows.find((row) => row.name === name)!.reset_val,
+          ),
+        (error: unknown) => {
+          resets = undefined;
+          throw error;
+        },
+      );
+      reset = await resets;
+    },
     qualified,
     migrateHint: `\`retrysafe migrate --database-url <url> --schema ${schema} --table ${table}\``,
     missing: (code) => code === UNDEFINED_TABLE || code === INVALID_SCHEMA_NAME || code === UNDEFINED_COLUMN,
@@ -46,8 +63,10 @@ export function postgresDialect(
     claim: (run, input) =>
       claimRecord((take, values) => run(take ? sql.TAKE_OVER : sql.CLAIM, values), input),
     async boundedClaim(run, input, waitMs, timeoutMs) {
-      // The claim's own statement sets its lock and statement timeouts and sets them back.
-      const bounds = [String(waitMs), String(waitMs + timeoutMs)];
+      // The claim's own statement sets its lock and statement timeouts and sets them back to the
+      // session's (read by beforeAtomic, which the store runs first).
+      if (!reset) throw new Error('postgresDialect: boundedClaim before beforeAtomic');
+      const bounds = [String(waitMs), String(waitMs + timeoutMs), ...reset];
       try {
         return await claimRecord(
           (take, values) => run(take ? sql.BOUNDED_TAKE_OVER : sql.BOUNDED_CLAIM, [...values, ...bounds]),

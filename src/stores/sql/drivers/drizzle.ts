@@ -49,12 +49,14 @@ function mysqlResultOf<Row>(result: unknown): SqlResult<Row> {
   return { rows: [], affected: Number(first.affectedRows ?? 0) };
 }
 
-/** node-postgres answers a `QueryResult`, postgres.js an array with a `count`. */
+/** node-postgres answers a `QueryResult` (whose `rowCount` counts a SELECT's rows too), postgres.js an array with a `count`. */
 function resultOf<Row>(result: unknown): SqlResult<Row> {
-  if (Array.isArray(result))
-    return { rows: result as Row[], affected: Number((result as { count?: number }).count ?? 0) };
-  const { rows, rowCount } = result as { rows: Row[]; rowCount: number | null };
-  return { rows, affected: rowCount ?? 0 };
+  if (Array.isArray(result)) {
+    const { count, command } = result as { count?: number; command?: string };
+    return { rows: result as Row[], affected: command === 'SELECT' ? 0 : Number(count ?? 0) };
+  }
+  const { rows, rowCount, command } = result as { rows: Row[]; rowCount: number | null; command?: string };
+  return { rows, affected: command === 'SELECT' ? 0 : (rowCount ?? 0) };
 }
 
 /**

@@ -2,30 +2,9 @@ import type { Knex } from 'knex';
 import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+import { knexPlaceholders } from './knex-placeholders.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
-
-/**
- * PostgreSQL's `$n` placeholders as Knex's `?`, with the values in the order they are used (a
- * `$n` used twice is bound twice). Knex binds every `?` in a raw statement's text, even in a
- * string literal, and reads `??` as an identifier: each `?` already there (a jsonb operator, a
- * literal) is escaped as `\?`, which Knex sends as a plain `?`.
- */
-export function knexPlaceholders(
-  sql: string,
-  params: readonly unknown[],
-): { sql: string; bindings: unknown[] } {
-  const bindings: unknown[] = [];
-  const text = sql.replace(/'(?:[^']|'')*'|"(?:[^"]|"")*"|\$(\d+)|\?/g, (match, n: string | undefined) => {
-    if (n === undefined) return match.replaceAll('?', '\\?');
-    const index = Number(n) - 1;
-    if (index >= params.length)
-      throw new RangeError(`knexDriver: $${n} in a statement given ${params.length} values`);
-    bindings.push(params[index]);
-    return '?';
-  });
-  return { sql: text, bindings };
-}
 
 async function runPostgres<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
   const statement = knexPlaceholders(sql, params);
@@ -76,23 +55,30 @@ export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
     dialect,
     name: 'knex',
     query: (sql, params) => run(knex, sql, params),
-    async transaction(work) {
-      // Knex rejects with an error of its own when the handler threw no Error: keep what it threw.
-      let failed: { error: unknown } | undefined;
-      try {
-        return await knex.transaction(async (trx) => {
-          try {
-            return await work(trx);
-          } catch (error) {
-            failed = { error };
-            throw error;
-          }
-        });
-      } catch (error) {
-        throw failed ? failed.error : error;
-      }
+    async transaction<T>(work: (tx: Knex.Transaction) => Promise<T>): Promise<T> {
+      let running: Promise<T> | undefined;
+      const failed = await knex
+        .transaction((trx) => {
+          running = work(trx);
+          return running;
+        })
+        .then(
+          () => undefined,
+          (error: unknown) => ({ error }),
+        );
+      // No transaction: BEGIN or the connection failed.
+      if (running === undefined) throw failed!.error;
+      // Knex settles as soon as the handler ends the transaction itself (`trx.commit()`), and
+      // rejects with an error of its own when `work` threw no Error: the answer is what `work`
+      // did (its own throw as thrown), unless Knex's COMMIT failed.
+      const value = await running;
+      if (failed) throw failed.error;
+      return value;
     },
-    queryIn: (tx, sql, params) => run(tx, sql, params),
+    // A handler that ended the transaction through Knex (`trx.commit()`, `trx.rollback()`) left
+    // what follows outside any transaction, as a raw COMMIT does; Knex refuses `trx` from then on,
+    // so the store's statements run on `knex`, where the store sees that the transaction has ended.
+    queryIn: (tx, sql, params) => run(tx.isCompleted() ? knex : tx, sql, params),
     errorCode: databaseErrorCode,
   };
 }

@@ -40,6 +40,14 @@ async function run<Row>(on: Kysely<any>, sql: string, params: readonly unknown[]
   return { rows: [...result.rows], affected: Number(result.numAffectedRows ?? 0n) };
 }
 
+/** Rolls `tx` back, ignoring a failure: the caller rethrows the error that made it roll back. */
+function rollBackQuietly<DB>(tx: KyselyTx<DB>): Promise<void> {
+  return tx
+    .rollback()
+    .execute()
+    .catch(() => {});
+}
+
 /**
  * A SQL driver over a Kysely instance: retrysafe's statements run as raw compiled queries on it,
  * and an operation's transaction is a Kysely transaction the handler gets as `ctx.tx`.
@@ -60,10 +68,7 @@ export function kyselyDriver<DB>(db: Kysely<DB>): SqlDriver<KyselyTx<DB>> {
       } catch (error) {
         // What `work` threw is the answer; a rollback that fails too (a dead connection) still
         // gives the connection back, and the database drops the transaction with it.
-        await tx
-          .rollback()
-          .execute()
-          .catch(() => {});
+        await rollBackQuietly(tx);
         throw error;
       }
       try {
@@ -72,15 +77,15 @@ export function kyselyDriver<DB>(db: Kysely<DB>): SqlDriver<KyselyTx<DB>> {
         // Kysely gives the connection back after a commit PostgreSQL turned into a rollback, not
         // after one that failed on the way (a lost connection): the rollback does (a no-op after
         // the former).
-        await tx
-          .rollback()
-          .execute()
-          .catch(() => {});
+        await rollBackQuietly(tx);
         throw error;
       }
       return result;
     },
-    queryIn: (tx, sql, params) => run(tx, sql, params),
+    // A handler that ended the transaction through Kysely (`tx.commit()`, `tx.rollback()`) left
+    // what follows outside any transaction, as a raw COMMIT does; Kysely refuses `tx` from then on,
+    // so the store's statements run on `db`, where the store sees that the transaction has ended.
+    queryIn: (tx, sql, params) => run(tx.isCommitted || tx.isRolledBack ? db : tx, sql, params),
     errorCode: databaseErrorCode,
   };
 }
