@@ -43,7 +43,8 @@ export interface SqlStoreOptions {
    */
   table?: string;
   /**
-   * PostgreSQL: the schema of the table.
+   * PostgreSQL: the schema of the table (on MySQL, the connection's database holds it; giving one
+   * is a ConfigError).
    * @default 'public'
    */
   schema?: string;
@@ -89,8 +90,8 @@ class RollBack {
 }
 
 /**
- * A store whose statements run over `driver`: the dialect's SQL (one text per dialect, shared with
- * the `pg` store), the claim loop, owner-token fencing, and atomic mode in the application's own
+ * A store whose statements run over `driver`: the dialect's SQL (PostgreSQL's shared with the `pg`
+ * store, MySQL's with the `mysql` store; see dialect.ts), the claim loop, owner-token fencing, and atomic mode in the application's own
  * transaction. A handler in atomic mode gets the driver's transaction object as `ctx.tx`; a
  * `transaction()` it opens there nests as a savepoint, so the key, its writes and the saved answer
  * still commit together. A handler that ends the transaction itself (a raw `COMMIT`) is caught
@@ -289,7 +290,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     async abandoned(options = {}) {
       const limit = abandonedLimit(`${owner}.abandoned`, options);
       const { rows } = await own(() => query<AbandonedRow>(dialect.abandoned(limit)));
-      return rows.map((row) => abandonedOf(named(row)));
+      return rows.map((row) => abandonedOf(withTextKeys(row)));
     },
 
     async renew(scope, key, token, leaseMs) {
@@ -315,7 +316,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       const { limit, ...page } = listRequest(`${owner}.list`, options, 2);
       const { rows } = await own(() => query<SummaryRow>(dialect.list(limit, page)));
       return keysetPage(
-        rows.map((row) => summaryOf(named(row))),
+        rows.map((row) => summaryOf(withTextKeys(row))),
         limit,
       );
     },
@@ -324,7 +325,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       const { rows } = await own(() =>
         query<SummaryRow & ResponseRow>(dialect.get(scope, key, options?.response === true)),
       );
-      return rows[0] && keyRecordOf(summaryOf(named(rows[0])), rows[0], options);
+      return rows[0] && keyRecordOf(summaryOf(withTextKeys(rows[0])), rows[0], options);
     },
 
     async delete(scope, key) {
@@ -364,7 +365,9 @@ function dialectOf(owner: string, driver: SqlDriver<unknown>, options: SqlStoreO
 }
 
 /** A row's scope and key as text: MySQL's byte-string columns come back as bytes. */
-function named<Row extends { scope: unknown; key: unknown }>(row: Row): Row & { scope: string; key: string } {
+function withTextKeys<Row extends { scope: unknown; key: unknown }>(
+  row: Row,
+): Row & { scope: string; key: string } {
   return { ...row, scope: textOf(row.scope), key: textOf(row.key) };
 }
 
