@@ -11,6 +11,7 @@ describe.skipIf(!hasMysql)('knex on MariaDB', () => {
       store: (options) => knexStore(knex, options),
       insert: (tx, table) => tx(table).insert({}),
       nested: (tx, work) => tx.transaction((inner) => work(inner)),
+      end: { commit: (tx) => tx.commit(), rollback: (tx) => tx.rollback() },
       rawCommit: (tx) => tx.raw('COMMIT'),
       close: () => knex.destroy(),
     };

@@ -33,6 +33,7 @@ describe.skipIf(!hasMysql)('kysely on MariaDB', () => {
         }
         await inner.releaseSavepoint('nested').execute();
       },
+      end: { commit: (tx) => tx.commit().execute(), rollback: (tx) => tx.rollback().execute() },
       rawCommit: (tx) => sql`COMMIT`.execute(tx),
       close: () => db.destroy(),
     };

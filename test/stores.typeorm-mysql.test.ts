@@ -12,6 +12,10 @@ describe.skipIf(!hasMysql)('typeorm on MariaDB', () => {
       insert: (tx, table) => tx.query(`INSERT INTO ${table} () VALUES ()`),
       // TypeORM nests a transaction on a transaction's manager as a savepoint.
       nested: (tx, work) => tx.transaction((inner) => work(inner)),
+      end: {
+        commit: (tx) => tx.queryRunner!.commitTransaction(),
+        rollback: (tx) => tx.queryRunner!.rollbackTransaction(),
+      },
       rawCommit: (tx) => tx.query('COMMIT'),
       close: () => dataSource.destroy(),
     };

@@ -19,6 +19,8 @@ export interface MysqlOrmUnderTest<Tx> {
   rawCommit(tx: Tx): Promise<unknown>;
   /** Closes the ORM's connections. */
   close(): Promise<void>;
+  /** Ends `tx` through the ORM's own API rather than raw SQL, where the ORM has one. */
+  end?: { commit(tx: Tx): Promise<unknown>; rollback(tx: Tx): Promise<unknown> };
 }
 
 /**
@@ -220,6 +222,50 @@ export function describeMysqlOrmStore<Tx>(
         await elsewhere.close();
         await other.close();
       }
+    });
+
+    const endingThrough = (how: 'commit' | 'rollback', counter: { runs: number }) => async (tx: Tx) => {
+      counter.runs++;
+      await orm.insert(tx, 'orders');
+      await orm.end![how](tx);
+      return answer();
+    };
+
+    it("the handler commits through the ORM's own API: caught as a raw COMMIT is, and the write never runs again", async (context) => {
+      if (!orm.end) return context.skip('the ORM has no API to end its transaction');
+      const before = await rows();
+      const input = claimInput('own-commit');
+      const counter = { runs: 0 };
+      const failure = await store
+        .atomic(input, endingThrough('commit', counter))
+        .catch((error: unknown) => error);
+      expect(isTransactionEnded(failure)).toBe(true);
+      expect(await rows()).toBe(before + 1);
+      expect(await store.atomic(input, endingThrough('commit', counter))).toMatchObject({
+        outcome: 'replay',
+        response: { status: 500 },
+      });
+      expect(counter.runs).toBe(1);
+      expect(await rows()).toBe(before + 1);
+    });
+
+    it("the handler rolls back through the ORM's own API: caught too; nothing is kept, and the key is free", async (context) => {
+      if (!orm.end) return context.skip('the ORM has no API to end its transaction');
+      const before = await rows();
+      const input = claimInput('own-rollback');
+      const counter = { runs: 0 };
+      const failure = await store
+        .atomic(input, endingThrough('rollback', counter))
+        .catch((error: unknown) => error);
+      expect(isTransactionEnded(failure)).toBe(true);
+      expect(await rows()).toBe(before);
+      expect(await store.get(input.scope, input.key)).toBeUndefined();
+    });
+
+    it('without migrate, a missing table is a ConfigError naming the fix', async () => {
+      const bare = orm.store({ table: 'none_here' });
+      await expect(bare.claim(claimInput('x'))).rejects.toThrow(/does not exist.*migrate: true/s);
+      await expect(bare.atomic(claimInput('y'), async () => answer())).rejects.toThrow(/does not exist/);
     });
 
     it('200 concurrent duplicates write one row', async () => {
