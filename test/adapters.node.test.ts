@@ -12,7 +12,17 @@ import {
   plan,
   type RunningApp,
 } from './conformance/adapter-suite.js';
-import { drizzle, knex, kysely, prisma, typeorm } from './support/orm-store-factories.js';
+import {
+  drizzle,
+  drizzleMysql,
+  knex,
+  knexMysql,
+  kysely,
+  kyselyMysql,
+  prisma,
+  typeorm,
+  typeormMysql,
+} from './support/orm-store-factories.js';
 import {
   memory,
   mysql,
@@ -60,6 +70,8 @@ const nodeAdapter: AdapterUnderTest = {
 describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, mysql, redis]);
 // The ORM stores through one adapter: the engine's atomic path over each ORM's transaction.
 describeAdapterConformance(nodeAdapter, [drizzle, kysely, knex, typeorm, prisma]);
+// And on MariaDB, the MySQL dialect.
+describeAdapterConformance(nodeAdapter, [drizzleMysql, kyselyMysql, knexMysql, typeormMysql]);
 
 const MiB = 1024 * 1024;
 

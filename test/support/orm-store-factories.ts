@@ -1,7 +1,10 @@
 import { PrismaPg } from '@prisma/adapter-pg';
+import { drizzle as drizzleMysqlOrm } from 'drizzle-orm/mysql2';
 import { drizzle as drizzleOrm } from 'drizzle-orm/node-postgres';
 import knexFactory from 'knex';
-import { Kysely, PostgresDialect } from 'kysely';
+import { Kysely, MysqlDialect, PostgresDialect } from 'kysely';
+import mysql2 from 'mysql2';
+import mysql2Promise from 'mysql2/promise';
 import pg from 'pg';
 import { DataSource } from 'typeorm';
 import { PrismaClient } from '../../examples/orm/prisma/generated/client.js';
@@ -11,7 +14,7 @@ import { kyselyStore } from '../../src/stores/sql/drivers/kysely.js';
 import { prismaStore } from '../../src/stores/sql/drivers/prisma.js';
 import { typeormStore } from '../../src/stores/sql/drivers/typeorm.js';
 import type { SqlStore } from '../../src/stores/sql/store.js';
-import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './services.js';
+import { dropSchemas, hasMysql, hasPostgres, mysqlDatabase, PG_URL, uniqueName } from './services.js';
 import type { StoreFactory } from './store-factories.js';
 
 // The ORM stores as store-factories.ts's stores are given to the adapter suites: kept apart so
@@ -68,4 +71,50 @@ export const typeorm = ormFactory('typeorm', async (schema) => {
 export const prisma = ormFactory('prisma', async (schema) => {
   const client = new PrismaClient({ adapter: new PrismaPg({ connectionString: PG_URL, max: 10 }) });
   return { store: prismaStore(client, { schema }), close: () => client.$disconnect() };
+});
+
+/** An ORM's store on a database of its own on the test MariaDB; cleanup closes the ORM, drops the database. */
+function mysqlOrmFactory(
+  name: string,
+  open: (url: string) => Promise<{ store: SqlStore<unknown>; close(): Promise<void> }>,
+): StoreFactory {
+  return {
+    name: `${name} on MariaDB`,
+    atomic: true,
+    available: hasMysql,
+    async open() {
+      const database = await mysqlDatabase();
+      const orm = await open(database.url);
+      await orm.store.migrate();
+      return {
+        store: orm.store,
+        async cleanup() {
+          await orm.close();
+          await database.drop();
+        },
+      };
+    },
+  };
+}
+
+export const drizzleMysql = mysqlOrmFactory('drizzle', async (url) => {
+  const pool = mysql2Promise.createPool({ uri: url, connectionLimit: 10 });
+  return { store: drizzleStore(drizzleMysqlOrm(pool)), close: () => pool.end() };
+});
+
+export const kyselyMysql = mysqlOrmFactory('kysely', async (url) => {
+  const db = new Kysely<any>({
+    dialect: new MysqlDialect({ pool: mysql2.createPool({ uri: url, connectionLimit: 10 }) }),
+  });
+  return { store: kyselyStore(db), close: () => db.destroy() };
+});
+
+export const knexMysql = mysqlOrmFactory('knex', async (url) => {
+  const instance = knexFactory({ client: 'mysql2', connection: url, pool: { min: 0, max: 10 } });
+  return { store: knexStore(instance), close: () => instance.destroy() };
+});
+
+export const typeormMysql = mysqlOrmFactory('typeorm', async (url) => {
+  const dataSource = await new DataSource({ type: 'mariadb', url, poolSize: 10 }).initialize();
+  return { store: typeormStore(dataSource), close: () => dataSource.destroy() };
 });

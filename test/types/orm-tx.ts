@@ -1,12 +1,16 @@
 // The ORM stores' `Tx` (checked by `tsc --noEmit`, strict; nothing here runs): a node:http
 // handler's `idem.tx` is the ORM's own transaction object, typed by the ORM, and a handler nests
 // the ORM's way on it.
+
+import type { MySqlTransaction } from 'drizzle-orm/mysql-core';
+import { drizzle as drizzleMysql, type MySql2Database } from 'drizzle-orm/mysql2';
 import type { Knex } from 'knex';
 import knexFactory from 'knex';
 import { type ControlledTransaction, Kysely, PostgresDialect } from 'kysely';
 import pg from 'pg';
 import { DataSource, type EntityManager } from 'typeorm';
 import { idempotency } from '../../src/adapters/node.js';
+import { type DrizzleTransaction, drizzleStore } from '../../src/stores/sql/drivers/drizzle.js';
 import { knexStore } from '../../src/stores/sql/drivers/knex.js';
 import { kyselyStore } from '../../src/stores/sql/drivers/kysely.js';
 import { typeormStore } from '../../src/stores/sql/drivers/typeorm.js';
@@ -41,5 +45,15 @@ const dataSource = new DataSource({ type: 'postgres' });
 idempotency({ store: typeormStore(dataSource), mode: 'atomic' })(async (_req, res, idem) => {
   assertType<Equal<NonNullable<typeof idem>['tx'], EntityManager | undefined>>(true);
   await idem!.tx!.transaction((nested) => nested.query('SELECT 1'));
+  res.end();
+});
+
+// Drizzle on mysql2: its MySqlTransaction, with Drizzle's nesting.
+const mysqlDb: MySql2Database = drizzleMysql('mysql://localhost/shop');
+idempotency({ store: drizzleStore(mysqlDb), mode: 'atomic' })(async (_req, res, idem) => {
+  type Tx = NonNullable<NonNullable<typeof idem>['tx']>;
+  assertType<Equal<Tx, DrizzleTransaction<MySql2Database>>>(true);
+  assertType<Tx extends MySqlTransaction<any, any, any, any> ? true : false>(true);
+  await idem!.tx!.transaction(async (nested) => nested.execute('SELECT 1'));
   res.end();
 });

@@ -29,7 +29,6 @@ import {
   keysetPage,
   listRequest,
   purgeInBatches,
-  RESPONSE_COLUMNS,
   type ResponseRow,
   recordId,
   requirePositiveInteger,
@@ -42,7 +41,7 @@ import {
 import { pollUntilSettled } from '../poll-wait.js';
 import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
 import { identifier, mysqlMigrationSql } from './migrate.js';
-import { NOW_MS, statements } from './statements.js';
+import { statements } from './statements.js';
 
 export { mysqlMigrationSql };
 
@@ -391,7 +390,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
    */
   async function endedOn(connection: PoolConnection): Promise<boolean> {
     try {
-      const [rows] = await connection.query<RowDataPacket[]>('SELECT @@in_transaction AS open');
+      const [rows] = await connection.query<RowDataPacket[]>(sql.ENDED);
       return Number(rows[0]?.open) === 0;
     } catch {
       return false;
@@ -423,11 +422,9 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     acquired: (token: string) => void,
   ): Promise<AtomicResult> {
     return inTransactionOn(connection, async (lent) => {
-      // A duplicate blocks on the record's row lock until the first's transaction ends; InnoDB
-      // bounds that wait in whole seconds only.
       const waitS = Math.max(1, Math.ceil((input.waitMs ?? input.leaseMs) / 1000));
       for (let attempt = 1; ; attempt++) {
-        await connection.query('SET SESSION innodb_lock_wait_timeout = ?', [waitS]);
+        await run(connection, sql.BOUND_LOCK_WAIT, { seconds: waitS });
         await connection.beginTransaction();
         let claimed: ClaimResult | undefined;
         try {
@@ -443,7 +440,7 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
             throw error;
           }
         } finally {
-          if (!lent.broken) await connection.query('SET SESSION innodb_lock_wait_timeout = DEFAULT');
+          if (!lent.broken) await connection.query(sql.UNBOUND_LOCK_WAIT);
         }
         if (!claimed && attempt === CLAIM_ATTEMPTS) claimed = { outcome: 'in_progress', retryAfterMs: 0 };
         if (claimed?.outcome === 'acquired') {
@@ -591,29 +588,15 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     },
 
     async list(options = {}) {
-      const { limit, scope, after } = listRequest('mysqlStore.list', options, 2);
-      const where = [`expires_at_ms > ${NOW_MS}`];
-      if (scope !== undefined) where.push('scope = :scope');
-      // Spelled out rather than a row comparison, which not every version turns into a range scan.
-      if (after) where.push('(scope > :afterScope OR (scope = :afterScope AND `key` > :afterKey))');
-      const rows = await own(() =>
-        run<MysqlSummaryRow[]>(
-          pool,
-          `SELECT ${sql.SUMMARY} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, \`key\` LIMIT :limit`,
-          { scope, afterScope: after?.[0], afterKey: after?.[1], limit: limit + 1 },
-        ),
-      );
+      const { limit, ...page } = listRequest('mysqlStore.list', options, 2);
+      const { text, values } = sql.list(limit, page);
+      const rows = await own(() => run<MysqlSummaryRow[]>(pool, text, values));
       return keysetPage(rows.map(summaryOfRow), limit);
     },
 
     async get(scope, key, options) {
-      const columns = options?.response ? `${sql.SUMMARY}, ${RESPONSE_COLUMNS}` : sql.SUMMARY;
-      const [row] = await own(() =>
-        run<(MysqlSummaryRow & ResponseRow)[]>(pool, `SELECT ${columns} FROM ${t} WHERE ${sql.LIVE}`, {
-          scope,
-          key,
-        }),
-      );
+      const text = options?.response ? sql.GET_WITH_RESPONSE : sql.GET;
+      const [row] = await own(() => run<(MysqlSummaryRow & ResponseRow)[]>(pool, text, { scope, key }));
       return row && keyRecordOf(summaryOfRow(row), row, options);
     },
 

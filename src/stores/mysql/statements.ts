@@ -1,3 +1,5 @@
+import { RESPONSE_COLUMNS } from '../internal.js';
+
 // UTC_TIMESTAMP, unlike NOW(), ignores the session's time zone (and its DST gaps); it is fixed
 // for the duration of a statement, so every use in one statement agrees.
 export const NOW_MS = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
@@ -80,6 +82,24 @@ export function statements(t: string) {
     WHERE expires_at_ms <= ${NOW_MS} AND NOT (completed_at_ms IS NULL AND lease_until_ms > ${NOW_MS})
     ORDER BY expires_at_ms LIMIT :batchSize`;
   const SUMMARY = `scope, \`key\`, status, created_at_ms, expires_at_ms, lease_until_ms, completed_at_ms, steps`;
+  const get = (columns: string) => `SELECT ${columns} FROM ${t} WHERE ${LIVE}`;
+  /** One page of `list`: `limit + 1` rows, so the caller knows whether another page follows. */
+  function list(limit: number, page: { scope: string | undefined; after: string[] | undefined }) {
+    const values: Record<string, string | number> = { limit: limit + 1 };
+    const where = [`expires_at_ms > ${NOW_MS}`];
+    if (page.scope !== undefined) {
+      where.push('scope = :scope');
+      values.scope = page.scope;
+    }
+    // Spelled out rather than a row comparison, which not every version turns into a range scan.
+    if (page.after) {
+      where.push('(scope > :afterScope OR (scope = :afterScope AND `key` > :afterKey))');
+      values.afterScope = page.after[0]!;
+      values.afterKey = page.after[1]!;
+    }
+    const text = `SELECT ${SUMMARY} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, \`key\` LIMIT :limit`;
+    return { text, values };
+  }
   return {
     CLAIM,
     RECORD,
@@ -95,5 +115,15 @@ export function statements(t: string) {
     DELETE,
     PURGE,
     SUMMARY,
+    GET: get(SUMMARY),
+    GET_WITH_RESPONSE: get(`${SUMMARY}, ${RESPONSE_COLUMNS}`),
+    list,
+    // Whether the transaction that claimed has ended under us (a handler's own COMMIT): MariaDB
+    // only; MySQL has no such variable.
+    ENDED: 'SELECT @@in_transaction AS open',
+    // A duplicate blocks on the record's row lock until the first's transaction ends; InnoDB
+    // bounds that wait in whole seconds only.
+    BOUND_LOCK_WAIT: 'SET SESSION innodb_lock_wait_timeout = :seconds',
+    UNBOUND_LOCK_WAIT: 'SET SESSION innodb_lock_wait_timeout = DEFAULT',
   };
 }

@@ -10,7 +10,7 @@ import type {
 } from '../../core/contract/index.js';
 import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
-import { atomicInFlight, BLOCKED_RETRY_AFTER_MS } from '../in-flight.js';
+import { atomicInFlight } from '../in-flight.js';
 import {
   type AbandonedRow,
   abandonedLimit,
@@ -24,14 +24,14 @@ import {
   requirePositiveInteger,
   type SummaryRow,
   summaryOf,
-  toBuffer,
   Waiters,
 } from '../internal.js';
 import { pollUntilSettled } from '../poll-wait.js';
-import { identifier, migrateIn } from '../postgres/migrate.js';
-import { claimRecord, postgresStatements } from '../postgres/statements.js';
 import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
-import type { SqlDriver, SqlResult } from './driver.js';
+import { changedOne, type Run, type Statement, type StoreDialect } from './dialect.js';
+import { mysqlDialect } from './dialects/mysql.js';
+import { postgresDialect } from './dialects/postgres.js';
+import type { SqlDriver } from './driver.js';
 
 export type { SqlDialect, SqlDriver, SqlResult } from './driver.js';
 
@@ -43,7 +43,8 @@ export interface SqlStoreOptions {
    */
   table?: string;
   /**
-   * PostgreSQL: the schema of the table.
+   * PostgreSQL: the schema of the table (on MySQL, the connection's database holds it; giving one
+   * is a ConfigError).
    * @default 'public'
    */
   schema?: string;
@@ -80,11 +81,8 @@ const OPTION_NAMES = optionNames<SqlStoreOptions>({
   statementTimeoutMs: true,
 });
 
-const LOCK_NOT_AVAILABLE = '55P03';
-const UNDEFINED_TABLE = '42P01';
-const UNDEFINED_COLUMN = '42703';
-const INVALID_SCHEMA_NAME = '3F000';
-const DIVISION_BY_ZERO = '22012';
+/** A claim that lost its transaction (a deadlock) or found the record changing under it asks again. */
+const CLAIM_ATTEMPTS = 4;
 
 /** Thrown out of the driver's transaction to roll it back with an answer that is not an error. */
 class RollBack {
@@ -92,8 +90,8 @@ class RollBack {
 }
 
 /**
- * A store whose statements run over `driver`: the dialect's SQL (one text per dialect, shared with
- * the `pg` store), the claim loop, owner-token fencing, and atomic mode in the application's own
+ * A store whose statements run over `driver`: the dialect's SQL (PostgreSQL's shared with the `pg`
+ * store, MySQL's with the `mysql` store; see dialect.ts), the claim loop, owner-token fencing, and atomic mode in the application's own
  * transaction. A handler in atomic mode gets the driver's transaction object as `ctx.tx`; a
  * `transaction()` it opens there nests as a savepoint, so the key, its writes and the saved answer
  * still commit together. A handler that ends the transaction itself (a raw `COMMIT`) is caught
@@ -111,54 +109,33 @@ class RollBack {
 export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {}): SqlStore<Tx> {
   const options = checkOptions(`${driver.name}Store()`, given, OPTION_NAMES);
   const owner = `${driver.name}Store`;
-  if (driver.dialect !== 'postgres') {
-    throw new ConfigError(
-      `${owner}: the ${driver.dialect} dialect has no SQL store over a driver yet; use retrysafe/${driver.dialect === 'mysql' ? 'mysql' : 'sqlite'}`,
-    );
-  }
-  const schema = identifier('schema', options.schema ?? 'public');
-  const table = identifier('table', options.table ?? 'idempotency_keys');
+  const dialect = dialectOf(owner, driver, options);
   const statementTimeoutMs = requirePositiveInteger(
     owner,
     'statementTimeoutMs',
     options.statementTimeoutMs ?? 15_000,
   );
-  const qualified = `"${schema}"."${table}"`;
-  const sql = postgresStatements(qualified);
-  // The channel the `pg` store listens on for this table: its waiters wake on our changes too.
-  const channel = `retrysafe_${createHash('sha1').update(qualified).digest('hex').slice(0, 12)}`;
-  const notifyId = (scope: string, key: string) =>
+  const { qualified } = dialect;
+  /** The in-process waiters' name for a record. */
+  const recordId = (scope: string, key: string) =>
     createHash('sha1').update(scope).update('\0').update(key).digest('base64');
   const waiters = new Waiters();
   const deduplicated = atomicInFlight();
   let migrating: Promise<void> | undefined;
 
-  const query = <Row>(text: string, values: readonly unknown[]) => driver.query<Row>(text, values);
-
-  let timeouts: Promise<string[]> | undefined;
-  /** The session's lock and statement timeouts, which an atomic claim sets back; read once. */
-  function sessionTimeouts(): Promise<string[]> {
-    timeouts ??= query<{ name: string; reset_val: string }>(sql.SESSION_TIMEOUTS, []).then(
-      ({ rows }) =>
-        ['lock_timeout', 'statement_timeout'].map((name) => rows.find((row) => row.name === name)!.reset_val),
-      (error: unknown) => {
-        timeouts = undefined;
-        throw error;
-      },
-    );
-    return timeouts;
-  }
+  const query = <Row>({ text, values }: Statement) => driver.query<Row>(text, values);
 
   async function migrate(): Promise<void> {
     await driver.transaction((tx) =>
-      migrateIn((text, values = []) => driver.queryIn(tx, text, values), schema, table),
+      dialect.migrate((text, values = []) => driver.queryIn(tx, text, values)),
     );
   }
 
   /**
    * Runs one of the store's statements: a missing table is a ConfigError that says what to do,
    * or, with `migrate: true`, is created (once, however many calls find it missing) and the
-   * statement runs again.
+   * statement runs again. In a transaction, the one that failed has been rolled back by then: the
+   * migration runs outside it (MySQL's DDL would commit it) and the statement opens another.
    */
   async function own<T>(statement: () => Promise<T>, transaction = false): Promise<T> {
     try {
@@ -168,11 +145,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       // application's own is the application's error.
       if (transaction && !(thrown instanceof BeforeWork)) throw thrown;
       const error = thrown instanceof BeforeWork ? thrown.cause : thrown;
-      const code = driver.errorCode(error);
-      if (code !== UNDEFINED_TABLE && code !== INVALID_SCHEMA_NAME && code !== UNDEFINED_COLUMN) throw error;
+      if (!dialect.missing(driver.errorCode(error))) throw error;
       if (!options.migrate) {
         throw new ConfigError(
-          `${owner}: the table ${qualified} does not exist. Create it with store.migrate(), \`retrysafe migrate --database-url <url> --schema ${schema} --table ${table}\` (or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
+          `${owner}: the table ${qualified} does not exist. Create it with store.migrate(), ${dialect.migrateHint} (or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
           { cause: error },
         );
       }
@@ -184,27 +160,19 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     }
   }
 
-  /** Changed one record: the notifying statements answer a row per record, the others count. */
-  const changedOne = (result: SqlResult) => result.rows.length === 1 || result.affected === 1;
-
-  function completeValues(scope: string, key: string, token: string, response: StoredResponse) {
-    return [scope, key, token, response.status, JSON.stringify(response.headers), toBuffer(response.body)];
-  }
-
   async function complete(scope: string, key: string, token: string, response: StoredResponse) {
-    const values = [...completeValues(scope, key, token, response), channel, notifyId(scope, key)];
-    const done = changedOne(await own(() => query(sql.COMPLETE, values)));
-    if (done) waiters.wake(notifyId(scope, key));
+    const done = changedOne(await own(() => query(dialect.complete(scope, key, token, response))));
+    if (done) waiters.wake(recordId(scope, key));
     return done;
   }
 
   /**
    * Atomic mode in one transaction of the driver's: the claim (bounded: a duplicate blocks on the
-   * primary key for `waitMs`, anything else for `timeoutMs`, both set and unset by the claim's
-   * own statement), the handler's work on `tx`, and the saved answer, which must find the record
-   * claimed by this same transaction (else the handler ended it: checked, and said so). The
-   * claim's lease is its retention: no one sees an atomic claim before it commits with
-   * its answer, unless a handler committed it early, and such a record must never be taken over.
+   * primary key for `waitMs`, anything else for `timeoutMs`, the dialect's way), the handler's
+   * work on `tx`, and the saved answer, which must find the record claimed by this same
+   * transaction (else the handler ended it: checked, and said so). The claim's lease is its
+   * retention: no one sees an atomic claim before it commits with its answer, unless a handler
+   * committed it early, and such a record must never be taken over.
    */
   async function atomicIn(
     input: ClaimInput,
@@ -213,48 +181,49 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
-    const bounds = [String(waitMs), String(waitMs + timeoutMs), ...(await sessionTimeouts())];
     let token: string | undefined;
+    await dialect.beforeAtomic?.();
     try {
-      return await driver.transaction(async (tx) => {
-        const run = <Row>(text: string, values: readonly unknown[] = []) =>
-          driver.queryIn<Row>(tx, text, values);
-        const claimed = await beforeWork(async () => {
-          try {
-            return await claimRecord(
-              (take, values) => run(take ? sql.BOUNDED_TAKE_OVER : sql.BOUNDED_CLAIM, [...values, ...bounds]),
-              claim,
+      for (let attempt = 1; ; attempt++) {
+        try {
+          return await driver.transaction(async (tx) => {
+            const run: Run = (text, values = []) => driver.queryIn(tx, text, values);
+            const claimed = await beforeWork(() => dialect.boundedClaim(run, claim, waitMs, timeoutMs));
+            if (!claimed) throw new ClaimAgain();
+            if (claimed.outcome !== 'acquired') throw new RollBack(claimed);
+            token = claimed.token;
+            let result: AtomicWorkResult;
+            try {
+              result = await work(tx);
+            } catch (error) {
+              // Rolled back by the driver, unless the handler had ended the transaction first.
+              if (await dialect.ended(run)) throw new Ended(error);
+              throw error;
+            }
+            if (!result.commit) {
+              if (await dialect.ended(run)) throw new Ended(undefined);
+              throw new RollBack({ outcome: 'executed', response: result.response, committed: false });
+            }
+            const lost = await dialect.atomicComplete(
+              run,
+              input.scope,
+              input.key,
+              claimed.token,
+              result.response,
             );
-          } catch (error) {
-            // lock_timeout: a duplicate's transaction held the key for all of `waitMs`.
-            if (driver.errorCode(error) !== LOCK_NOT_AVAILABLE) throw error;
-            return { outcome: 'in_progress', retryAfterMs: BLOCKED_RETRY_AFTER_MS } as const;
-          }
-        });
-        if (claimed.outcome !== 'acquired') throw new RollBack(claimed);
-        token = claimed.token;
-        let result: AtomicWorkResult;
-        try {
-          result = await work(tx);
+            if (lost) {
+              if (await dialect.ended(run)) throw new Ended(lost.cause);
+              throw new RetrysafeError(`${owner}: the atomic claim was lost before commit`, {
+                cause: lost.cause,
+              });
+            }
+            return { outcome: 'executed', response: result.response, committed: true } as const;
+          });
         } catch (error) {
-          // Rolled back by the driver, unless the handler had ended the transaction first.
-          if (await ended(run)) throw new Ended(error);
-          throw error;
+          if (!(error instanceof ClaimAgain)) throw error;
+          if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
         }
-        if (!result.commit) {
-          if (await ended(run)) throw new Ended(undefined);
-          throw new RollBack({ outcome: 'executed', response: result.response, committed: false });
-        }
-        const values = completeValues(input.scope, input.key, claimed.token, result.response);
-        try {
-          await run(sql.GUARDED_ATOMIC_COMPLETE, values);
-        } catch (error) {
-          if (driver.errorCode(error) !== DIVISION_BY_ZERO) throw error;
-          if (await ended(run)) throw new Ended(error);
-          throw new RetrysafeError(`${owner}: the atomic claim was lost before commit`, { cause: error });
-        }
-        return { outcome: 'executed', response: result.response, committed: true } as const;
-      });
+      }
     } catch (error) {
       if (error instanceof RollBack) return error.result;
       if (error instanceof Ended && token !== undefined) {
@@ -263,20 +232,6 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
         throw transactionEnded(owner, input.key, error.cause);
       }
       throw error;
-    }
-  }
-
-  /**
-   * Whether the operation's transaction has ended under us: the claim gave it a transaction id, so
-   * a statement that finds none runs outside it (autocommit, after the handler's own COMMIT). A
-   * transaction that is only aborted (a failed statement of the handler's) fails the check instead.
-   */
-  async function ended(run: Run): Promise<boolean> {
-    try {
-      const { rows } = await run<{ ended: boolean }>(sql.ENDED);
-      return rows[0]?.ended === true;
-    } catch {
-      return false;
     }
   }
 
@@ -294,13 +249,13 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     return own(async () => {
       try {
         return await driver.transaction(async (tx) => {
-          const { rows } = await beforeWork(() =>
-            driver.queryIn<{ token: string }>(tx, sql.LOCK_OWNED, [scope, key]),
-          );
+          const run: Run = (text, values = []) => driver.queryIn(tx, text, values);
+          const locked = dialect.lockOwned(scope, key);
+          const { rows } = await beforeWork(() => run<{ token: string }>(locked.text, locked.values));
           if (rows[0]?.token !== token) throw new RollBack({ outcome: 'mismatch' });
           const step = await work(tx);
-          const values = [scope, key, token, step.name, step.value, request ?? null];
-          return changedOne(await driver.queryIn(tx, sql.SAVE_STEP, values));
+          const saved = dialect.saveStep(scope, key, token, step, request ?? null);
+          return changedOne(await run(saved.text, saved.values));
         });
       } catch (error) {
         if (error instanceof RollBack) return false;
@@ -315,66 +270,67 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     migrate,
 
     claim(input) {
-      return own(() => claimRecord((take, values) => query(take ? sql.TAKE_OVER : sql.CLAIM, values), input));
+      return own(() => dialect.claim((text, values = []) => driver.query(text, values), input));
     },
 
     complete,
 
     async release(scope, key, token) {
-      const done = changedOne(
-        await own(() => query(sql.RELEASE, [scope, key, token, channel, notifyId(scope, key)])),
-      );
-      if (done) waiters.wake(notifyId(scope, key));
+      const done = changedOne(await own(() => query(dialect.release(scope, key, token))));
+      if (done) waiters.wake(recordId(scope, key));
       return done;
     },
 
     async saveStep(scope, key, token, step, request) {
-      const values = [scope, key, token, step.name, step.value, request ?? null];
-      return changedOne(await own(() => query(sql.SAVE_STEP, values)));
+      return changedOne(await own(() => query(dialect.saveStep(scope, key, token, step, request ?? null))));
     },
 
     phase,
 
     async abandoned(options = {}) {
       const limit = abandonedLimit(`${owner}.abandoned`, options);
-      const { rows } = await own(() => query<AbandonedRow>(sql.ABANDONED, [limit]));
-      return rows.map(abandonedOf);
+      const { rows } = await own(() => query<AbandonedRow>(dialect.abandoned(limit)));
+      return rows.map((row) => abandonedOf(withTextKeys(row)));
     },
 
     async renew(scope, key, token, leaseMs) {
-      return changedOne(await own(() => query(sql.RENEW, [scope, key, token, leaseMs])));
+      return changedOne(await own(() => query(dialect.renew(scope, key, token, leaseMs))));
     },
 
     async wait(scope, key, timeoutMs) {
-      await pollUntilSettled(waiters, notifyId(scope, key), timeoutMs, async () => {
-        const { rows } = await own(() => query<{ lease_left_ms: string }>(sql.LEASE_LEFT, [scope, key]));
+      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
+        const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
         return rows[0] ? Number(rows[0].lease_left_ms) : null;
       });
     },
 
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
       requirePositiveInteger(`${owner}.purgeExpired`, 'batchSize', batchSize);
-      return purgeInBatches(batchSize, async () => (await own(() => query(sql.PURGE, [batchSize]))).affected);
+      return purgeInBatches(
+        batchSize,
+        async () => (await own(() => query(dialect.purge(batchSize)))).affected,
+      );
     },
 
     async list(options = {}) {
       const { limit, ...page } = listRequest(`${owner}.list`, options, 2);
-      const { text, values } = sql.list(limit, page);
-      const { rows } = await own(() => query<SummaryRow>(text, values));
-      return keysetPage(rows.map(summaryOf), limit);
+      const { rows } = await own(() => query<SummaryRow>(dialect.list(limit, page)));
+      return keysetPage(
+        rows.map((row) => summaryOf(withTextKeys(row))),
+        limit,
+      );
     },
 
     async get(scope, key, options) {
-      const text = options?.response ? sql.GET_WITH_RESPONSE : sql.GET;
-      const { rows } = await own(() => query<SummaryRow & ResponseRow>(text, [scope, key]));
-      return rows[0] && keyRecordOf(summaryOf(rows[0]), rows[0], options);
+      const { rows } = await own(() =>
+        query<SummaryRow & ResponseRow>(dialect.get(scope, key, options?.response === true)),
+      );
+      return rows[0] && keyRecordOf(summaryOf(withTextKeys(rows[0])), rows[0], options);
     },
 
     async delete(scope, key) {
-      const done = changedOne(
-        await own(() => query(sql.DELETE, [scope, key, channel, notifyId(scope, key)])),
-      );
-      if (done) waiters.wake(notifyId(scope, key));
+      const done = changedOne(await own(() => query(dialect.delete(scope, key))));
+      if (done) waiters.wake(recordId(scope, key));
       return done;
     },
 
@@ -389,12 +345,43 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   };
 }
 
-type Run = <Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>;
+/** The dialect of `driver`'s database. */
+function dialectOf(owner: string, driver: SqlDriver<unknown>, options: SqlStoreOptions): StoreDialect {
+  switch (driver.dialect) {
+    case 'postgres':
+      return postgresDialect(driver, options);
+    case 'mysql':
+      if (options.schema !== undefined) {
+        throw new ConfigError(
+          `${owner}: \`schema\` is PostgreSQL's; on MySQL the table is in the connection's database`,
+        );
+      }
+      return mysqlDialect(driver, options);
+    default:
+      throw new ConfigError(
+        `${owner}: the ${driver.dialect} dialect has no SQL store over a driver yet; use retrysafe/sqlite`,
+      );
+  }
+}
+
+/** A row's scope and key as text: MySQL's byte-string columns come back as bytes. */
+function withTextKeys<Row extends { scope: unknown; key: unknown }>(
+  row: Row,
+): Row & { scope: string; key: string } {
+  return { ...row, scope: textOf(row.scope), key: textOf(row.key) };
+}
+
+function textOf(value: unknown): string {
+  return typeof value === 'string' ? value : Buffer.from(value as Uint8Array).toString('utf8');
+}
 
 /** A failure of the store's statements before the work ran, inside a transaction. */
 class BeforeWork {
   constructor(readonly cause: unknown) {}
 }
+
+/** Thrown out of the driver's transaction to roll it back and claim again in a new one. */
+class ClaimAgain {}
 
 async function beforeWork<T>(statements: () => Promise<T>): Promise<T> {
   try {

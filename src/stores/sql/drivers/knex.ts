@@ -1,12 +1,12 @@
 import type { Knex } from 'knex';
 import { ConfigError } from '../../../core/contract/index.js';
-import { databaseErrorCode, type SqlDriver, type SqlResult } from '../driver.js';
+import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
 import { knexPlaceholders } from './knex-placeholders.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
-async function run<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
+async function runPostgres<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
   const statement = knexPlaceholders(sql, params);
   // Knex answers a raw statement on PostgreSQL with node-postgres' own result.
   const result: { rows?: Row[]; rowCount?: number | null; command?: string } = await on.raw(
@@ -18,7 +18,24 @@ async function run<Row>(on: Knex, sql: string, params: readonly unknown[]): Prom
 }
 
 /**
- * A SQL driver over a Knex instance (PostgreSQL): retrysafe's statements run as `raw` ones, and
+ * On mysql2, Knex answers a raw statement with mysql2's `[rows, fields]`: the rows of a SELECT,
+ * or a `ResultSetHeader` whose `affectedRows` counts the rows a write matched (mysql2 asks the
+ * server for found rows, so an UPDATE that sets a value it already had still counts).
+ */
+async function runMysql<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
+  const [result] = (await on.raw(sql, params as Knex.RawBinding[])) as [Row[] | { affectedRows?: number }];
+  if (Array.isArray(result)) return { rows: result, affected: 0 };
+  return { rows: [], affected: Number(result.affectedRows ?? 0) };
+}
+
+/** The clients of Knex's that retrysafe speaks to, by the driver they run on. */
+const DIALECTS: Record<string, { dialect: SqlDialect; run: typeof runPostgres }> = {
+  pg: { dialect: 'postgres', run: runPostgres },
+  mysql2: { dialect: 'mysql', run: runMysql },
+};
+
+/**
+ * A SQL driver over a Knex instance (PostgreSQL on `pg`, MySQL or MariaDB on `mysql2`): retrysafe's statements run as `raw` ones, and
  * an operation's transaction is a `knex.transaction()`, whose `trx` the handler gets as `ctx.tx`;
  * a `trx.transaction()` it opens nests as a savepoint, the Knex way.
  * @example
@@ -27,13 +44,15 @@ async function run<Row>(on: Knex, sql: string, params: readonly unknown[]): Prom
  */
 export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
   const driverName = String(knex.client.driverName);
-  if (driverName !== 'pg') {
+  const found = Object.hasOwn(DIALECTS, driverName) ? DIALECTS[driverName] : undefined;
+  if (!found) {
     throw new ConfigError(
-      `knexDriver: Knex runs on ${driverName}; retrysafe's Knex driver runs on pg (PostgreSQL)`,
+      `knexDriver: Knex runs on ${driverName}; retrysafe's Knex driver runs on pg (PostgreSQL) and mysql2 (MySQL, MariaDB)`,
     );
   }
+  const { dialect, run } = found;
   return {
-    dialect: 'postgres',
+    dialect,
     name: 'knex',
     query: (sql, params) => run(knex, sql, params),
     async transaction<T>(work: (tx: Knex.Transaction) => Promise<T>): Promise<T> {
@@ -65,7 +84,7 @@ export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
 }
 
 /**
- * A retrysafe store on the PostgreSQL database a Knex instance writes to. In atomic mode a
+ * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a Knex instance writes to. In atomic mode a
  * handler's `ctx.tx` is the Knex transaction (`trx`) holding the key: the key, the handler's
  * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
  * savepoint inside it.

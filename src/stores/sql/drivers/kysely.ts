@@ -52,7 +52,7 @@ function rollBackQuietly<DB>(tx: KyselyTx<DB>): Promise<void> {
  * A SQL driver over a Kysely instance: retrysafe's statements run as raw compiled queries on it,
  * and an operation's transaction is a Kysely transaction the handler gets as `ctx.tx`.
  * @example
- * const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) });
+ * const db = new Kysely<DB>({ dialect: new PostgresDialect({ pool }) }); // or MysqlDialect (mysql2)
  * const store = sqlStore(kyselyDriver(db), { migrate: true });
  */
 export function kyselyDriver<DB>(db: Kysely<DB>): SqlDriver<KyselyTx<DB>> {

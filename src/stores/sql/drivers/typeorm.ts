@@ -1,13 +1,14 @@
 import type { DataSource, EntityManager, QueryRunner } from 'typeorm';
 import { ConfigError } from '../../../core/contract/index.js';
-import { databaseErrorCode, type SqlDriver, type SqlResult } from '../driver.js';
+import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
 /**
- * One statement on `runner`, with TypeORM's structured result: its records, and node-postgres'
- * row count as `affected` (for a SELECT, that is the number of rows it answered).
+ * One statement on `runner`, with TypeORM's structured result: its records, and the driver's
+ * count as `affected` (node-postgres' row count, which for a SELECT is the number of rows it
+ * answered; mysql2's `affectedRows`, the rows a write matched).
  */
 async function run<Row>(
   runner: QueryRunner,
@@ -19,7 +20,7 @@ async function run<Row>(
 }
 
 /**
- * A SQL driver over a TypeORM `DataSource` (PostgreSQL): retrysafe's statements run as raw
+ * A SQL driver over a TypeORM `DataSource` (PostgreSQL; MySQL or MariaDB on mysql2): retrysafe's statements run as raw
  * queries, and an operation's transaction is a `dataSource.transaction()`, whose `EntityManager`
  * the handler gets as `ctx.tx`; a `manager.transaction()` it opens there nests as a savepoint,
  * the TypeORM way.
@@ -28,13 +29,16 @@ async function run<Row>(
  * const store = sqlStore(typeormDriver(dataSource), { migrate: true });
  */
 export function typeormDriver(dataSource: DataSource): SqlDriver<EntityManager> {
-  if (dataSource.options.type !== 'postgres') {
+  const { type } = dataSource.options;
+  const dialect: SqlDialect | undefined =
+    type === 'postgres' ? 'postgres' : type === 'mysql' || type === 'mariadb' ? 'mysql' : undefined;
+  if (!dialect) {
     throw new ConfigError(
-      `typeormDriver: the DataSource's type is ${dataSource.options.type}; retrysafe's TypeORM driver runs on postgres`,
+      `typeormDriver: the DataSource's type is ${type}; retrysafe's TypeORM driver runs on postgres, mysql and mariadb`,
     );
   }
   return {
-    dialect: 'postgres',
+    dialect,
     name: 'typeorm',
     async query(sql, params) {
       const runner = dataSource.createQueryRunner();
@@ -55,7 +59,7 @@ export function typeormDriver(dataSource: DataSource): SqlDriver<EntityManager> 
 }
 
 /**
- * A retrysafe store on the PostgreSQL database a TypeORM `DataSource` writes to. In atomic mode a
+ * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a TypeORM `DataSource` writes to. In atomic mode a
  * handler's `ctx.tx` is the transaction's `EntityManager`, holding the key: the key, the handler's
  * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
  * savepoint inside it.
