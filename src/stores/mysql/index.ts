@@ -33,7 +33,6 @@ import {
   recordId,
   requirePositiveInteger,
   type SummaryRow,
-  stepsOf,
   summaryOf,
   toBuffer,
   Waiters,
@@ -41,7 +40,7 @@ import {
 import { pollUntilSettled } from '../poll-wait.js';
 import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transaction-ended.js';
 import { identifier, mysqlMigrationSql } from './migrate.js';
-import { statements } from './statements.js';
+import { claimOfRecord, claimValues, type RecordRow, statements } from './statements.js';
 
 export { mysqlMigrationSql };
 
@@ -109,18 +108,6 @@ const ER_LOCK_WAIT_TIMEOUT = 'ER_LOCK_WAIT_TIMEOUT';
 const ER_LOCK_DEADLOCK = 'ER_LOCK_DEADLOCK';
 /** A table made before steps existed: `migrate` adds their columns. */
 const ER_BAD_FIELD_ERROR = 'ER_BAD_FIELD_ERROR';
-
-interface RecordRow extends RowDataPacket {
-  token: string;
-  fingerprint: string;
-  completed: number;
-  lease_left_ms: number;
-  claimable: number;
-  status: number | null;
-  headers: string | null;
-  body: Buffer | null;
-  steps: string | null;
-}
 
 interface MysqlAbandonedRow extends RowDataPacket, Omit<AbandonedRow, 'scope' | 'key'> {
   scope: Buffer;
@@ -259,37 +246,12 @@ export function mysqlStore(given: MysqlStoreOptions): MysqlStore {
     timeoutMs?: number,
   ): Promise<ClaimResult | undefined> {
     const token = randomUUID();
-    const values = {
-      scope: input.scope,
-      key: input.key,
-      fingerprint: input.fingerprint,
-      token,
-      leaseMs: input.leaseMs,
-      retainMs: input.retainMs,
-    };
+    const values = claimValues(input, token);
     const claimed = await run<ResultSetHeader>(on, sql.CLAIM, values, timeoutMs);
     if (claimed.insertId === 0) return { outcome: 'acquired', token };
     // Read back even after a takeover (2 rows affected): it answers the steps saved before it.
-    const [row] = await run<RecordRow[]>(on, sql.RECORD, values, timeoutMs);
-    if (!row) return undefined;
-    if (row.token === token) {
-      return row.steps === null
-        ? { outcome: 'acquired', token }
-        : { outcome: 'acquired', token, steps: stepsOf(row.steps) };
-    }
-    if (row.claimable) return undefined;
-    if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-    if (row.completed) {
-      return {
-        outcome: 'replay',
-        response: {
-          status: row.status!,
-          headers: row.headers ? (JSON.parse(row.headers) as Record<string, string>) : {},
-          body: row.body ?? Buffer.alloc(0),
-        },
-      };
-    }
-    return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
+    const [row] = await run<(RecordRow & RowDataPacket)[]>(on, sql.RECORD, values, timeoutMs);
+    return claimOfRecord(row, token, input);
   }
 
   async function claim(input: ClaimInput): Promise<ClaimResult> {

@@ -1,4 +1,5 @@
-import { RESPONSE_COLUMNS } from '../internal.js';
+import type { ClaimInput, ClaimResult } from '../../core/contract/index.js';
+import { RESPONSE_COLUMNS, stepsOf, toBuffer } from '../internal.js';
 
 // UTC_TIMESTAMP, unlike NOW(), ignores the session's time zone (and its DST gaps); it is fixed
 // for the duration of a statement, so every use in one statement agrees.
@@ -126,4 +127,48 @@ export function statements(t: string) {
     BOUND_LOCK_WAIT: 'SET SESSION innodb_lock_wait_timeout = :seconds',
     UNBOUND_LOCK_WAIT: 'SET SESSION innodb_lock_wait_timeout = DEFAULT',
   };
+}
+
+/** A row of RECORD, as mysql2 decodes it or as another driver may (numbers as text, bytes as a Uint8Array). */
+export interface RecordRow {
+  token: string;
+  fingerprint: string;
+  completed: number | string;
+  lease_left_ms: number | string;
+  claimable: number | string;
+  status: number | null;
+  headers: string | null;
+  body: Uint8Array | null;
+  steps: string | null;
+}
+
+/** The named values of CLAIM and RECORD for `input`, claiming with `token`. */
+export function claimValues(input: ClaimInput, token: string) {
+  const { scope, key, fingerprint, leaseMs, retainMs } = input;
+  return { scope, key, fingerprint, token, leaseMs, retainMs };
+}
+
+/**
+ * What a claim got, from the RECORD row read after it: `token` is the one the claim wrote if it
+ * took the record; `undefined` when the row changed between the two statements (ask again).
+ */
+export function claimOfRecord(
+  row: RecordRow | undefined,
+  token: string,
+  input: ClaimInput,
+): ClaimResult | undefined {
+  if (!row) return undefined;
+  if (row.token === token) {
+    return row.steps === null
+      ? { outcome: 'acquired', token }
+      : { outcome: 'acquired', token, steps: stepsOf(row.steps) };
+  }
+  if (Number(row.claimable)) return undefined;
+  if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
+  if (Number(row.completed)) {
+    const body = row.body ? toBuffer(row.body) : Buffer.alloc(0);
+    const headers = row.headers ? (JSON.parse(row.headers) as Record<string, string>) : {};
+    return { outcome: 'replay', response: { status: Number(row.status), headers, body } };
+  }
+  return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
 }

@@ -1,9 +1,9 @@
 import { randomUUID } from 'node:crypto';
 import type { ClaimInput, ClaimResult, StoredResponse } from '../../../core/contract/index.js';
 import { BLOCKED_RETRY_AFTER_MS } from '../../in-flight.js';
-import { stepsOf, toBuffer } from '../../internal.js';
+import { toBuffer } from '../../internal.js';
 import { identifier, mysqlMigrationSql } from '../../mysql/migrate.js';
-import { statements } from '../../mysql/statements.js';
+import { claimOfRecord, claimValues, type RecordRow, statements } from '../../mysql/statements.js';
 import type { Run, Statement, StoreDialect } from '../dialect.js';
 import type { SqlDriver } from '../driver.js';
 import { positional } from '../placeholders.js';
@@ -18,17 +18,6 @@ const ER_UNKNOWN_SYSTEM_VARIABLE = 'ER_UNKNOWN_SYSTEM_VARIABLE';
 const CLAIM_ATTEMPTS = 4;
 
 /** RECORD's row, however the driver decodes it (flags as numbers, a bigint difference as text). */
-interface RecordRow {
-  token: string;
-  fingerprint: string;
-  completed: number | string;
-  lease_left_ms: number | string;
-  claimable: number | string;
-  status: number | null;
-  headers: string | null;
-  body: Uint8Array | null;
-  steps: string | null;
-}
 
 /** A statement of the `mysql` store (`:name` placeholders) as the driver takes it (`?`). */
 function named(text: string, values: Readonly<Record<string, unknown>>): Statement {
@@ -53,32 +42,11 @@ export function mysqlDialect(
   /** One round of a claim: the claim, then the row it met; `undefined` when that row changed between. */
   async function claimOnce(run: Run, input: ClaimInput): Promise<ClaimResult | undefined> {
     const token = randomUUID();
-    const values = {
-      scope: input.scope,
-      key: input.key,
-      fingerprint: input.fingerprint,
-      token,
-      leaseMs: input.leaseMs,
-      retainMs: input.retainMs,
-    };
+    const values = claimValues(input, token);
     const claim = named(sql.CLAIM, values);
     await run(claim.text, claim.values);
     const record = named(sql.RECORD, values);
-    const [row] = (await run<RecordRow>(record.text, record.values)).rows;
-    if (!row) return undefined;
-    if (row.token === token) {
-      return row.steps === null
-        ? { outcome: 'acquired', token }
-        : { outcome: 'acquired', token, steps: stepsOf(row.steps) };
-    }
-    if (Number(row.claimable)) return undefined;
-    if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-    if (Number(row.completed)) {
-      const body = row.body ? toBuffer(row.body) : Buffer.alloc(0);
-      const headers = row.headers ? (JSON.parse(row.headers) as Record<string, string>) : {};
-      return { outcome: 'replay', response: { status: Number(row.status), headers, body } };
-    }
-    return { outcome: 'in_progress', retryAfterMs: Math.max(0, Number(row.lease_left_ms)) };
+    return claimOfRecord((await run<RecordRow>(record.text, record.values)).rows[0], token, input);
   }
 
   const completeValues = (scope: string, key: string, token: string, response: StoredResponse) => ({
