@@ -258,7 +258,7 @@ export function postgresStore(given: PostgresStoreOptions): PostgresStore {
     takeOver: { ...named('atomic_take_over', sql.TAKE_OVER), types: CLAIM_TYPES },
     // Sent with the COMMIT in one round trip (statements.ts says why it divides by its count).
     complete: {
-      ...named('atomic_complete', sql.GUARDED_ATOMIC_COMPLETE),
+      ...named('atomic_complete', sql.ATOMIC_COMPLETE),
       types: ['text', 'text', 'text', 'integer', 'json', 'bytea'],
     },
   } satisfies Record<string, TypedStatement>;

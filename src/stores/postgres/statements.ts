@@ -109,15 +109,14 @@ export function postgresStatements(t: string) {
   // transaction ever sees this record in progress, so no one waits on it, and a NOTIFY takes a
   // database-wide lock at commit that serialises every notifying commit (measured: a third of
   // the keyed desk's backends waiting on it under load).
-  // Over a driver, the record must also have been claimed by this very transaction (its xmin), so
-  // that a transaction the handler committed itself fails here instead of completing in autocommit.
-  const CLAIMED_HERE = ' AND xmin::text = (txid_current() % 4294967296)::text';
-  const atomicComplete = (guarded: boolean) => `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
+  // The record must also have been claimed by this very transaction (its xmin), so that a
+  // transaction the handler committed itself fails here instead of completing in autocommit.
+  const ATOMIC_COMPLETE = `WITH n AS (SELECT ${NOW_MS} AS ms), done AS (
       UPDATE ${t} SET completed_at_ms = n.ms, status = $4, headers = $5, body = $6 FROM n
-      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms${guarded ? CLAIMED_HERE : ''}
+      WHERE scope = $1 AND key = $2 AND token = $3 AND completed_at_ms IS NULL AND expires_at_ms > n.ms
+        AND xmin::text = (txid_current() % 4294967296)::text
       RETURNING 1)
     SELECT 1 / count(*)::int AS done FROM done`;
-  const ATOMIC_COMPLETE = atomicComplete(false);
   const get = (columns: string) =>
     `SELECT ${columns} FROM ${t} WHERE scope = $1 AND key = $2 AND expires_at_ms > ${NOW_MS}`;
   /** One page of `list`: `limit + 1` rows, so the caller knows whether another page follows. */
@@ -157,7 +156,6 @@ export function postgresStatements(t: string) {
     ATOMIC_COMPLETE,
     BOUNDED_CLAIM: claim(true),
     BOUNDED_TAKE_OVER: takeOver(true),
-    GUARDED_ATOMIC_COMPLETE: atomicComplete(true),
   };
 }
 

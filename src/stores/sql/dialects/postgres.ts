@@ -80,7 +80,7 @@ export function postgresDialect(
     },
     async atomicComplete(run, scope, key, token, response) {
       try {
-        await run(sql.GUARDED_ATOMIC_COMPLETE, completeValues(scope, key, token, response));
+        await run(sql.ATOMIC_COMPLETE, completeValues(scope, key, token, response));
         return undefined;
       } catch (error) {
         if (driver.errorCode(error) !== DIVISION_BY_ZERO) throw error;
