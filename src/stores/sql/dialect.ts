@@ -1,5 +1,5 @@
 import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from '../../core/contract/index.js';
-import type { SqlResult } from './driver.js';
+import type { SqlResult, SqlStatement } from './driver.js';
 
 /** One statement in the driver's placeholders, with its values. */
 export interface Statement {
@@ -7,8 +7,14 @@ export interface Statement {
   values: readonly unknown[];
 }
 
-/** Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it. */
-export type Run = <Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>;
+/**
+ * Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it;
+ * in a transaction, with the driver's `pipelineIn` and `prepareIn` on it where the driver has them.
+ */
+export type Run = (<Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>) & {
+  pipeline?: (statements: readonly SqlStatement[], timeoutMs: number) => Promise<SqlResult[]>;
+  prepare?: (texts: readonly string[], timeoutMs: number) => Promise<void>;
+};
 
 /**
  * What the SQL store asks of a dialect: its texts (written once per dialect, shared with the
@@ -21,6 +27,8 @@ export interface StoreDialect {
   readonly qualified: string;
   /** What creates the table, for the ConfigError of a store without it. */
   readonly migrateHint: string;
+  /** The channel the statements notify on when a record leaves progress, for a driver that listens. */
+  readonly channel?: string;
   /** Whether the database's error `code` says the table (or a column of this release) is missing. */
   missing(code: string | undefined): boolean;
   /** Creates the table; every statement on `run`, one connection (some share a session). */
