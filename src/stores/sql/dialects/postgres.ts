@@ -14,9 +14,9 @@ const INVALID_SCHEMA_NAME = '3F000';
 const DIVISION_BY_ZERO = '22012';
 
 /**
- * The PostgreSQL dialect of the SQL store: the `pg` store's statements (postgres/statements.ts),
- * whose changes notify on the channel the `pg` store listens on for this table, so its waiters
- * wake on ours too.
+ * The PostgreSQL dialect of the SQL store: the statements of postgres/statements.ts, whose
+ * changes notify on the table's channel, so a store whose driver listens (`pg`) wakes its waiters
+ * on any store's changes, an ORM's included.
  */
 export function postgresDialect(
   driver: Pick<SqlDriver<unknown>, 'errorCode' | 'query' | 'pipelineIn'>,

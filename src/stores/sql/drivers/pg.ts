@@ -47,6 +47,11 @@ interface Transaction {
  * tables' never share one), a transaction is a `PoolClient` whose BEGIN rides with its first
  * statement, the claim's statements go in one round trip (`pipelineIn`) and the saved answer with
  * the COMMIT (`commitWith`), and waits hear NOTIFY on one listening connection.
+ *
+ * The BEGIN goes out with the first statement sent through the driver (`queryIn`, `pipelineIn`),
+ * which the SQL store always sends before the work gets `tx` (the claim, a phase's lock, the
+ * migration's lock): a caller that queried `tx` itself first would run that query in autocommit.
+ * That is why the driver is the `pg` store's and not exported on its own.
  */
 export function pgDriver(pool: pg.Pool, options: PgDriverOptions): PgDriver {
   const transactions = new WeakMap<pg.PoolClient, Transaction>();
