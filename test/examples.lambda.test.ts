@@ -3,10 +3,8 @@ import { once } from 'node:events';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { CreateTableCommand } from '@aws-sdk/client-dynamodb';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { dynamodbStore } from '../src/stores/dynamodb/index.js';
-import { DYNALITE_ENV, type Dynalite, startDynalite } from './support/dynalite.js';
+import { type Dynalite, lambdaExampleEnv, startDynalite } from './support/dynalite.js';
 
 /**
  * examples/lambda/handler.js as Lambda runs it: each execution environment (a worker thread here)
@@ -58,18 +56,7 @@ describe('examples/lambda: idempotent() around a Lambda handler, keys in DynamoD
 
   beforeAll(async () => {
     server = await startDynalite();
-    const client = server.client();
-    const tables = { IDEMPOTENCY_TABLE: `keys_${randomUUID()}`, ORDERS_TABLE: `orders_${randomUUID()}` };
-    await dynamodbStore({ client, table: tables.IDEMPOTENCY_TABLE }).migrate();
-    await client.send(
-      new CreateTableCommand({
-        TableName: tables.ORDERS_TABLE,
-        AttributeDefinitions: [{ AttributeName: 'id', AttributeType: 'S' }],
-        KeySchema: [{ AttributeName: 'id', KeyType: 'HASH' }],
-        BillingMode: 'PAY_PER_REQUEST',
-      }),
-    );
-    const env = { ...process.env, ...DYNALITE_ENV, ...tables, AWS_ENDPOINT_URL_DYNAMODB: server.endpoint };
+    const env = { ...process.env, ...(await lambdaExampleEnv(server)) };
     const handler = pathToFileURL(join(import.meta.dirname, '../examples/lambda/handler.js')).href;
     for (let i = 0; i < ENVIRONMENTS; i++) {
       const worker = new Worker(join(import.meta.dirname, 'support/lambda-environment.mjs'), {

@@ -1,6 +1,12 @@
+import { randomUUID } from 'node:crypto';
 import type { AddressInfo } from 'node:net';
-import { DynamoDBClient, type UpdateTimeToLiveCommandInput } from '@aws-sdk/client-dynamodb';
+import {
+  CreateTableCommand,
+  DynamoDBClient,
+  type UpdateTimeToLiveCommandInput,
+} from '@aws-sdk/client-dynamodb';
 import dynalite from 'dynalite';
+import { dynamodbStore } from '../../src/stores/dynamodb/index.js';
 
 /** A dynalite server in this process, on a free loopback port, in memory. */
 export interface Dynalite {
@@ -64,4 +70,23 @@ export async function startDynalite(): Promise<Dynalite> {
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
+}
+
+/**
+ * The tables examples/lambda/handler.js uses, made on `server` (the keys' by `store.migrate()`),
+ * and the environment that points the handler's client and store at them.
+ */
+export async function lambdaExampleEnv(server: Dynalite): Promise<Record<string, string>> {
+  const client = server.client();
+  const tables = { IDEMPOTENCY_TABLE: `keys_${randomUUID()}`, ORDERS_TABLE: `orders_${randomUUID()}` };
+  await dynamodbStore({ client, table: tables.IDEMPOTENCY_TABLE }).migrate();
+  await client.send(
+    new CreateTableCommand({
+      TableName: tables.ORDERS_TABLE,
+      AttributeDefinitions: [{ AttributeName: 'id', AttributeType: 'S' }],
+      KeySchema: [{ AttributeName: 'id', KeyType: 'HASH' }],
+      BillingMode: 'PAY_PER_REQUEST',
+    }),
+  );
+  return { ...DYNALITE_ENV, ...tables, AWS_ENDPOINT_URL_DYNAMODB: server.endpoint };
 }

@@ -1,15 +1,13 @@
 import { createHash } from 'node:crypto';
 import {
   type AttributeValue,
-  ConditionalCheckFailedException,
+  type ConditionalCheckFailedException,
   CreateTableCommand,
   DeleteItemCommand,
   DescribeTimeToLiveCommand,
   type DynamoDBClient,
   GetItemCommand,
   PutItemCommand,
-  ResourceInUseException,
-  ResourceNotFoundException,
   type ReturnValue,
   ScanCommand,
   UpdateItemCommand,
@@ -164,10 +162,16 @@ function answerOf(item: Item, input: ClaimInput, nowMs: number): ClaimResult | u
   return leaseLeftMs > 0 ? { outcome: 'in_progress', retryAfterMs: leaseLeftMs } : undefined;
 }
 
-/** The record a failed condition found, when the service sent it back (`ALL_OLD`). */
-function itemOfFailure(error: unknown): Item | undefined {
-  return error instanceof ConditionalCheckFailedException ? error.Item : undefined;
+/**
+ * Whether `error` is the service's exception `name`. By name, not `instanceof`: the application's
+ * client may come from another copy of @aws-sdk/client-dynamodb than the one this module imports.
+ */
+function isServiceError(error: unknown, name: string): error is Error {
+  return error instanceof Error && error.name === name;
 }
+
+const conditionFailed = (error: unknown): error is ConditionalCheckFailedException =>
+  isServiceError(error, 'ConditionalCheckFailedException');
 
 /**
  * A store on Amazon DynamoDB through the AWS SDK v3 `DynamoDBClient`, for AWS Lambda and other
@@ -216,7 +220,7 @@ export function dynamodbStore(given: DynamoDbStoreOptions): DynamoDbStore {
         }),
       );
     } catch (error) {
-      if (!(error instanceof ResourceInUseException)) throw error;
+      if (!isServiceError(error, 'ResourceInUseException')) throw error;
     }
     await waitUntilTableExists({ client, maxWaitTime: 300, minDelay: 1, maxDelay: 5 }, { TableName: table });
     const described = await client.send(new DescribeTimeToLiveCommand({ TableName: table }));
@@ -239,7 +243,7 @@ export function dynamodbStore(given: DynamoDbStoreOptions): DynamoDbStore {
     try {
       return await request();
     } catch (error) {
-      if (!(error instanceof ResourceNotFoundException)) throw error;
+      if (!isServiceError(error, 'ResourceNotFoundException')) throw error;
       if (!options.migrate) {
         throw new ConfigError(
           `dynamodbStore: the table ${table} does not exist. Create it with store.migrate(), or pass \`migrate: true\` (${error.message})`,
@@ -259,7 +263,7 @@ export function dynamodbStore(given: DynamoDbStoreOptions): DynamoDbStore {
       await own(request);
       return true;
     } catch (error) {
-      if (error instanceof ConditionalCheckFailedException) return false;
+      if (conditionFailed(error)) return false;
       throw error;
     }
   }
@@ -358,7 +362,7 @@ export function dynamodbStore(given: DynamoDbStoreOptions): DynamoDbStore {
     try {
       return (await own(() => client.send(request))).Attributes;
     } catch (error) {
-      if (error instanceof ConditionalCheckFailedException) return undefined;
+      if (conditionFailed(error)) return undefined;
       throw error;
     }
   }
@@ -401,9 +405,9 @@ export function dynamodbStore(given: DynamoDbStoreOptions): DynamoDbStore {
         );
         return { outcome: 'acquired', token };
       } catch (error) {
-        if (!(error instanceof ConditionalCheckFailedException)) throw error;
-        // DynamoDB sends the record back; an emulator that does not is asked for it.
-        found = itemOfFailure(error) ?? (await read(input.scope, input.key));
+        if (!conditionFailed(error)) throw error;
+        // DynamoDB sends the record back (`ALL_OLD`); an emulator that does not is asked for it.
+        found = error.Item ?? (await read(input.scope, input.key));
       }
       // Gone or expired since the put: claim it afresh.
       if (!isLive(found, nowMs)) continue;
