@@ -26,7 +26,9 @@ const schema = createSchema({
 // The key: the Idempotency-Key header, or `createOrder(item: "book") @idempotent(key: "…")`.
 const yoga = createYoga({
   schema,
-  plugins: [useIdempotency({ store: sqliteStore({ filename: 'idempotency.db' }), mutations: ['createOrder'] })],
+  plugins: [
+    useIdempotency({ store: sqliteStore({ filename: 'idempotency.db' }), mutations: ['createOrder'] }),
+  ],
 });
 const server = createServer((req, res) => {
   if (req.method === 'GET' && req.url === '/orders') {
@@ -36,4 +38,6 @@ const server = createServer((req, res) => {
   return yoga(req, res);
 });
 const port = Number(process.env.PORT ?? 3000);
-server.listen(port, process.env.HOST ?? '127.0.0.1', () => console.log(`listening on http://localhost:${port}`));
+server.listen(port, process.env.HOST ?? '127.0.0.1', () =>
+  console.log(`listening on http://localhost:${port}`),
+);

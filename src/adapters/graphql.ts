@@ -32,7 +32,7 @@ import {
 export interface GraphqlIdempotencyOptions<Context = any, Tx = RegisteredTx>
   extends MutationIdempotencyOptions<Context, Tx> {
   /**
-   * The fields of the Mutation type to guard; a name the schema lacks fails at the first request.
+   * The fields of the Mutation type to guard; a name the schema lacks fails when the server starts.
    * @default every field of the Mutation type
    * @example mutations: ['createOrder', 'refundCreate']
    */
