@@ -1,5 +1,3 @@
-import type { ApolloServerPlugin } from '@apollo/server';
-import type { Plugin } from '@envelop/core';
 import {
   defaultFieldResolver,
   type FieldNode,
@@ -45,6 +43,32 @@ export interface GraphqlIdempotencyOptions<Context = any, Tx = RegisteredTx>
  * `refundCreate(input: $input) @idempotent(key: "4f5b…")`. It takes precedence over the header.
  */
 export const idempotentDirective = 'directive @idempotent(key: String!) on FIELD';
+
+/**
+ * What `useIdempotency` returns: an envelop plugin, as Yoga's `plugins` take it (typed here so
+ * that the module needs no types of envelop's).
+ */
+export interface EnvelopIdempotencyPlugin {
+  /** Guards the Mutation fields of each schema the server is given. */
+  onSchemaChange(payload: { schema: unknown }): void;
+  /** Guards the schema of an execution, should it come without an `onSchemaChange`. */
+  onExecute(payload: { args: { schema: GraphQLSchema } }): void;
+}
+
+/**
+ * What `apolloIdempotency` returns: an Apollo Server plugin (typed here so that the module needs
+ * no types of Apollo's).
+ */
+export interface ApolloIdempotencyPlugin<Context> {
+  /** Guards the Mutation fields of the server's schema. */
+  serverWillStart(service: { schema: GraphQLSchema }): Promise<void>;
+  /** Notes the request's headers for the resolvers of its context. */
+  requestDidStart(requestContext: {
+    request: { http?: { headers: { get(name: string): string | undefined } } };
+    contextValue: Context;
+    schema: GraphQLSchema;
+  }): Promise<void>;
+}
 
 const GRAPHQL_NAMES = ['mutations'];
 
@@ -196,7 +220,7 @@ const getterOf = (headers: { get(name: string): string | null | undefined } | un
  */
 export function useIdempotency<Context = any, Tx = RegisteredTx>(
   options: GraphqlIdempotencyOptions<Context, Tx>,
-): Plugin {
+): EnvelopIdempotencyPlugin {
   const guardSchema = schemaGuard<Context, Tx>('graphql useIdempotency()', options, (context) =>
     getterOf((context as { request?: Request } | undefined)?.request?.headers),
   );
@@ -219,7 +243,7 @@ export function useIdempotency<Context = any, Tx = RegisteredTx>(
  */
 export function apolloIdempotency<Context extends object = any, Tx = RegisteredTx>(
   options: GraphqlIdempotencyOptions<Context, Tx>,
-): ApolloServerPlugin<Context> {
+): ApolloIdempotencyPlugin<Context> {
   // Apollo hands resolvers your context object, and plugins the request it was built for.
   const headers = new WeakMap<object, HeaderGetter>();
   const guardSchema = schemaGuard<Context, Tx>('graphql apolloIdempotency()', options, (context) =>
