@@ -74,7 +74,12 @@ async function startApp(
   const batching = createTRPCClient<typeof router>({
     links: [httpBatchLink({ url, headers: () => ({ 'idempotency-key': 'batch-1' }) })],
   });
-  return { client, batching, orders, url };
+  // A client of `authorization`'s whose every mutation carries the key `k`.
+  const as = (authorization: string) =>
+    createTRPCClient<typeof router>({
+      links: [httpLink({ url, headers: { authorization, 'idempotency-key': 'k' } })],
+    });
+  return { client, batching, orders, as };
 }
 
 /** The rejection `promise` ends in, as a tRPC client error. */
@@ -97,6 +102,19 @@ describe('retrysafe/trpc with tRPC’s HTTP server and client', () => {
     // Without a key the mutation runs as it would without the middleware.
     expect(await client.createOrder.mutate({ item: 'book' })).toEqual({ id: 2, item: 'book' });
     expect(await client.count.query()).toBe(2);
+  });
+
+  it("keeps each caller's keys apart: by Authorization, or by the `scope` given", async () => {
+    const { as, orders } = await startApp();
+    const ada = await as('Bearer ada').createOrder.mutate({ item: 'book' });
+    const bob = await as('Bearer bob').createOrder.mutate({ item: 'book' });
+    expect([ada.id, bob.id]).toEqual([1, 2]);
+    expect(await as('Bearer ada').createOrder.mutate({ item: 'book' })).toEqual(ada);
+    expect(orders).toHaveLength(2);
+    const shared = await startApp({ scope: () => 'one-account' });
+    const first = await shared.as('Bearer ada').createOrder.mutate({ item: 'book' });
+    expect(await shared.as('Bearer bob').createOrder.mutate({ item: 'book' })).toEqual(first);
+    expect(shared.orders).toHaveLength(1);
   });
 
   it('answers another input under a used key with CONFLICT (HTTP 409), running nothing', async () => {

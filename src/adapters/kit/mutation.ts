@@ -8,7 +8,8 @@ import {
   idempotent,
   parseIdempotencyKey,
 } from '../../core/index.js';
-import { checkOptions, optionNames } from '../../core/options/index.js';
+import { IDEMPOTENT_OPTION_NAMES } from '../../core/jobs/index.js';
+import { checkOptions } from '../../core/options/index.js';
 import { checkScopeSecret } from '../../core/request/index.js';
 import { keyInvalid, keyMissing } from '../../core/response/index.js';
 
@@ -48,22 +49,12 @@ export interface MutationIdempotencyOptions<Context, Tx = unknown>
   scopeSecret?: string | Uint8Array;
 }
 
-/** The option names every mutation guard accepts, its own added by the caller. */
-export const MUTATION_OPTION_NAMES = optionNames<MutationIdempotencyOptions<unknown>>({
-  store: true,
-  mode: true,
-  ttl: true,
-  lease: true,
-  concurrency: true,
-  wait: true,
-  storeTimeout: true,
-  maxResultBytes: true,
-  encryptionKey: true,
-  onEvent: true,
-  required: true,
-  scope: true,
-  scopeSecret: true,
-});
+// `idempotent()`'s names less those a guard derives, and the guard's own.
+const MUTATION_OPTION_NAMES = [
+  ...IDEMPOTENT_OPTION_NAMES.filter((name) => name !== 'key' && name !== 'fingerprint'),
+  'required',
+  'scopeSecret',
+];
 
 // The HTTP engine's default bounds, so one key fits a route and a mutation alike.
 const KEY_BOUNDS = { minLength: 1, maxLength: 255 };
