@@ -66,7 +66,7 @@ function resolversOf(orders: Order[], hooks: Hooks) {
 
 type Start = (options: GraphqlIdempotencyOptions, hooks: Hooks) => Promise<{ url: string; orders: Order[] }>;
 
-const closers: Array<() => Promise<unknown> | void> = [];
+const closers: Array<() => unknown> = [];
 afterAll(async () => {
   for (const close of closers) await close();
 });
