@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createTRPCClient, httpBatchLink, httpLink, TRPCClientError } from '@trpc/client';
 import { initTRPC, TRPCError } from '@trpc/server';
+import { fetchRequestHandler } from '@trpc/server/adapters/fetch';
 import { createHTTPServer } from '@trpc/server/adapters/standalone';
 import { afterAll, describe, expect, it } from 'vitest';
 import { type IdempotencyCtx, idempotency, type TrpcIdempotencyOptions } from '../src/adapters/trpc.js';
@@ -195,6 +196,33 @@ describe('retrysafe/trpc with tRPC’s HTTP server and client', () => {
       code: 'BAD_REQUEST',
     });
     expect(orders).toHaveLength(1);
+  });
+
+  it("reads the key from a Web Request's headers, as tRPC's fetch adapter hands ctx.req", async () => {
+    const t = initTRPC.context<{ req: Request }>().create();
+    let runs = 0;
+    const router = t.router({
+      createOrder: t.procedure
+        .use(idempotency({ store: memoryStore() }))
+        .mutation(({ ctx }) => ({ run: ++runs, key: ctx.idempotency?.key })),
+    });
+    const call = async (key: string) => {
+      const req = new Request('http://app.test/trpc/createOrder', {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'idempotency-key': key },
+      });
+      const response = await fetchRequestHandler({
+        endpoint: '/trpc',
+        req,
+        router,
+        createContext: ({ req }) => ({ req }),
+      });
+      return response.json();
+    };
+    const first = await call('fetch-1');
+    expect(first).toEqual({ result: { data: { run: 1, key: 'fetch-1' } } });
+    expect(await call('fetch-1')).toEqual(first);
+    expect(runs).toBe(1);
   });
 
   it('fails at construction on a misspelt or mistyped option', () => {
