@@ -1,5 +1,5 @@
 import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from '../../core/contract/index.js';
-import type { SqlResult, SqlStatement } from './driver.js';
+import type { SqlResult, SqlStatement, StatementBound } from './driver.js';
 
 /** One statement in the driver's placeholders, with its values. */
 export interface Statement {
@@ -8,10 +8,15 @@ export interface Statement {
 }
 
 /**
- * Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it;
- * in a transaction, with the driver's `pipelineIn` and `prepareIn` on it where the driver has them.
+ * Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it,
+ * where a driver that can bounds it client side by `bound` (see `SqlDriver.queryIn`); in a
+ * transaction, with the driver's `pipelineIn` and `prepareIn` on it where the driver has them.
  */
-export type Run = (<Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>) & {
+export type Run = (<Row>(
+  text: string,
+  values?: readonly unknown[],
+  bound?: StatementBound,
+) => Promise<SqlResult<Row>>) & {
   pipeline?: (statements: readonly SqlStatement[], timeoutMs: number) => Promise<SqlResult[]>;
   prepare?: (texts: readonly string[], timeoutMs: number) => Promise<void>;
 };

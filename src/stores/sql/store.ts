@@ -33,7 +33,7 @@ import { mysqlDialect } from './dialects/mysql.js';
 import { postgresDialect } from './dialects/postgres.js';
 import type { SqlDriver } from './driver.js';
 
-export type { SqlDialect, SqlDriver, SqlResult } from './driver.js';
+export type { SqlDialect, SqlDriver, SqlResult, StatementBound, TransactionOptions } from './driver.js';
 
 /** Options of {@link sqlStore} and of each ORM's store (`drizzleStore`, `prismaStore`, …). */
 export interface SqlStoreOptions {
@@ -127,7 +127,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
   /** Runs statements in `tx`, with what the driver can do beyond one statement a round trip. */
   function runIn(tx: Tx): Run {
-    const run: Run = (text, values = []) => driver.queryIn(tx, text, values);
+    const run: Run = (text, values = [], bound) => driver.queryIn(tx, text, values, bound);
     if (driver.pipelineIn) run.pipeline = (statements, ms) => driver.pipelineIn!(tx, statements, ms);
     if (driver.prepareIn) run.prepare = (texts, ms) => driver.prepareIn!(tx, texts, ms);
     return run;
@@ -189,12 +189,13 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
+    const transactionOptions = { acquireTimeoutMs: timeoutMs };
     let token: string | undefined;
     await dialect.beforeAtomic?.();
     try {
       for (let attempt = 1; ; attempt++) {
         try {
-          return await driver.transaction(async (tx) => {
+          const committed = await driver.transaction(async (tx) => {
             const run = runIn(tx);
             const claimed = await beforeWork(() => dialect.boundedClaim(run, claim, waitMs, timeoutMs));
             if (!claimed) throw new ClaimAgain();
@@ -230,7 +231,9 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
               });
             }
             return { outcome: 'executed', response: result.response, committed: true } as const;
-          });
+          }, transactionOptions);
+          waiters.wake(recordId(input.scope, input.key));
+          return committed;
         } catch (error) {
           if (!(error instanceof ClaimAgain)) throw error;
           if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };

@@ -2,7 +2,13 @@ import { createHash } from 'node:crypto';
 import pg from 'pg';
 import { ConfigError } from '../../../core/contract/index.js';
 import { timerMs } from '../../../core/options/index.js';
-import { databaseErrorCode, type SqlDriver, type SqlResult, type SqlStatement } from '../driver.js';
+import {
+  databaseErrorCode,
+  type SqlDriver,
+  type SqlResult,
+  type SqlStatement,
+  type StatementBound,
+} from '../driver.js';
 
 const MISSING_PREPARED_STATEMENT = '26000';
 const DUPLICATE_PREPARED_STATEMENT = '42P05';
@@ -160,13 +166,21 @@ export function pgDriver(pool: pg.Pool, options: PgDriverOptions): PgDriver {
       return result;
     },
 
-    async queryIn<Row>(client: pg.PoolClient, text: string, params: readonly unknown[]) {
+    async queryIn<Row>(
+      client: pg.PoolClient,
+      text: string,
+      params: readonly unknown[],
+      bound?: StatementBound,
+    ) {
       const state = stateOf(client);
       if (!state.begun) {
         state.begun = true;
         await send(client, state, 'BEGIN');
       }
-      return resultOf<Row>(await send(client, state, configOf(text, params)));
+      const config = configOf(text, params);
+      // Past it the query fails with no SQLSTATE, and `send` has the connection discarded.
+      if (bound) (config as { query_timeout?: number }).query_timeout = timerMs(bound.timeoutMs);
+      return resultOf<Row>(await send(client, state, config));
     },
 
     async pipelineIn(client, statements, timeoutMs) {
