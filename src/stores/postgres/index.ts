@@ -109,7 +109,8 @@ const OPTION_NAMES = optionNames<PostgresStoreOptions>({
 });
 
 /**
- * A store on PostgreSQL through `pg`, for several app servers or hosts sharing one database.
+ * A store on PostgreSQL through `pg`, for several app servers or hosts sharing one database: the
+ * SQL store (`retrysafe/sql`) over a driver of the pool, which adds what only `pg` can send.
  * Claims are one `INSERT … ON CONFLICT` on the `(scope, key)` primary key; every time comes from
  * the database server's clock; waits use `LISTEN/NOTIFY` (one listening connection per store) with
  * polling as the fallback. `atomic()` runs the claim, the handler's queries on `tx` and the saved
