@@ -50,6 +50,11 @@ export interface SqlDriver<Tx> {
    * in this process and has no clock of its own in ms). Absent: `Date.now`.
    */
   now?(): number;
+  /**
+   * How often a wait reads the record: first after `firstPollMs`, doubled up to `maxPollMs` (the
+   * SQLite store's `pollIntervalMs` and `maxPollIntervalMs`). Absent: the stores' defaults.
+   */
+  readonly pollDelays?: { firstPollMs: number; maxPollMs: number };
 }
 
 /**

@@ -123,6 +123,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   const waiters = new Waiters();
   const deduplicated = atomicInFlight();
   let migrating: Promise<void> | undefined;
+  let closed = false;
 
   const autocommit: Run = (text, values = []) => driver.query(text, values);
   const query = <Row>({ text, values }: Statement) => driver.query<Row>(text, values);
@@ -304,10 +305,17 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     },
 
     async wait(scope, key, timeoutMs) {
-      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
-        const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
-        return rows[0] ? Number(rows[0].lease_left_ms) : null;
-      });
+      await pollUntilSettled(
+        waiters,
+        recordId(scope, key),
+        timeoutMs,
+        async () => {
+          if (closed) return null;
+          const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
+          return rows[0] ? Number(rows[0].lease_left_ms) : null;
+        },
+        driver.pollDelays,
+      );
     },
 
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
@@ -346,6 +354,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
     async close() {
       // The driver's connections are the application's: the store opened nothing of its own.
+      closed = true;
       waiters.wakeAll();
     },
   };
