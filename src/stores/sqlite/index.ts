@@ -13,7 +13,7 @@ import {
   type SqliteDatabase,
   type SqliteDriverName,
 } from './driver.js';
-import { addStepColumns, sqliteMigrationSql, tableName } from './migrate.js';
+import { tableName } from './migrate.js';
 import { sqliteDriver } from './sql-driver.js';
 import { sqliteStatements } from './statements.js';
 
@@ -28,11 +28,12 @@ export { sqliteMigrationSql } from './migrate.js';
 /** Options of {@link sqliteStore}. */
 export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
   /**
-   * The database file to open (created if missing). Give this or `database`, not both.
+   * The database file to open (created if missing), or `:memory:`. Give this or `database`, not
+   * both.
    * @default undefined
-   * @example filename: 'app.db'
+   * @example url: 'app.db'
    */
-  filename?: string;
+  url?: string;
   /**
    * An open connection to use instead, e.g. the one holding the application's own tables (atomic
    * mode needs that): a better-sqlite3 `Database` or a node:sqlite `DatabaseSync` (Node ≥ 22.16).
@@ -42,7 +43,7 @@ export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
    */
   database?: D;
   /**
-   * The SQLite binding that opens `filename`: better-sqlite3 (a native addon), or Node's own
+   * The SQLite binding that opens `url`: better-sqlite3 (a native addon), or Node's own
    * node:sqlite (Node ≥ 22.16, nothing to install or rebuild). By default better-sqlite3 where it
    * is installed, node:sqlite where it is not. With `database`, the connection's own.
    * @default 'better-sqlite3' if installed, else 'node:sqlite'
@@ -50,11 +51,18 @@ export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
    */
   driver?: SqliteDriverName;
   /**
-   * The table holding the records; created with its index if missing.
+   * The table holding the records.
    * @default 'idempotency_keys'
    * @example table: 'loan_keys'
    */
   table?: string;
+  /**
+   * Create the table (and its indexes) on first use when missing. Off by default: the table is
+   * then made by `store.migrate()`, `retrysafe migrate`, or your migration tool with the SQL of
+   * `retrysafe migrate --print`; a store without it fails every call with a `ConfigError` saying so.
+   * @default false
+   */
+  migrate?: boolean;
   /**
    * How long a write waits for another process's write lock before failing with `SQLITE_BUSY`
    * (shortened by a claim's `timeoutMs`). The store's own transactions wait without blocking the
@@ -91,6 +99,8 @@ export interface SqliteStore<D extends SqliteDatabase = SqliteDatabase>
   readonly database: D;
   /** The binding the connection belongs to. */
   readonly driver: SqliteDriverName;
+  /** Creates the table and its indexes when missing; safe to run again. */
+  migrate(): Promise<void>;
   /**
    * Runs `fn` in `BEGIN IMMEDIATE` … `COMMIT` (`ROLLBACK` if it throws) on {@link SqliteStore.database}.
    * An async `fn` may await while the transaction is open: every other write of this store in this
@@ -123,8 +133,9 @@ const SQLITE_PURGE_BATCH_SIZE = 200;
 const SQLITE_PURGE_STATEMENT_MS = 1;
 
 const OPTION_NAMES = optionNames<SqliteStoreOptions>({
-  filename: true,
+  url: true,
   database: true,
+  migrate: true,
   driver: true,
   table: true,
   busyTimeoutMs: true,
@@ -145,7 +156,7 @@ const OPTION_NAMES = optionNames<SqliteStoreOptions>({
  * @example
  * ```ts
  * import { sqliteStore } from 'retrysafe/sqlite';
- * const store = sqliteStore({ filename: 'app.db' });
+ * const store = sqliteStore({ url: 'app.db', migrate: true });
  * const result = await store.atomic(input, async (db) => {
  *   db.prepare('INSERT INTO loan (member, isbn) VALUES (?, ?)').run(member, isbn);
  *   return { response, commit: true };
@@ -156,20 +167,20 @@ export function sqliteStore<D extends SqliteDatabase>(
   options: SqliteStoreOptions<D> & { database: D },
 ): SqliteStore<D>;
 export function sqliteStore(
-  options: SqliteStoreOptions & { filename: string; driver: 'node:sqlite' },
+  options: SqliteStoreOptions & { url: string; driver: 'node:sqlite' },
 ): SqliteStore<NodeSqliteDatabase>;
 export function sqliteStore(
-  options: SqliteStoreOptions & { filename: string; driver: 'better-sqlite3' },
+  options: SqliteStoreOptions & { url: string; driver: 'better-sqlite3' },
 ): SqliteStore<Database.Database>;
 export function sqliteStore(options: SqliteStoreOptions): SqliteStore;
 export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   const options = checkOptions('sqliteStore()', given, OPTION_NAMES);
-  const { filename, database, driver: driverName } = options;
-  if ((filename === undefined) === (database === undefined)) {
-    throw new ConfigError('sqliteStore: give exactly one of `filename` or `database`');
+  const { url, database, driver: driverName } = options;
+  if ((url === undefined) === (database === undefined)) {
+    throw new ConfigError('sqliteStore: give exactly one of `url` or `database`');
   }
-  if (filename !== undefined && (typeof filename !== 'string' || filename === '')) {
-    throw new ConfigError('sqliteStore: `filename` must be a non-empty string');
+  if (url !== undefined && (typeof url !== 'string' || url === '')) {
+    throw new ConfigError('sqliteStore: `url` must be a non-empty string (a file path or `:memory:`)');
   }
   if (driverName !== undefined && driverName !== 'better-sqlite3' && driverName !== 'node:sqlite') {
     throw new ConfigError(
@@ -177,7 +188,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     );
   }
   if (driverName !== undefined && database !== undefined) {
-    throw new ConfigError('sqliteStore: `driver` is for `filename`; a `database` brings its own');
+    throw new ConfigError('sqliteStore: `driver` is for `url`; a `database` brings its own');
   }
   const table = tableName(options.table ?? 'idempotency_keys');
   const busyTimeoutMs = requirePositiveInteger('sqliteStore', 'busyTimeoutMs', options.busyTimeoutMs ?? 5000);
@@ -198,27 +209,27 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   const ownsDatabase = database === undefined;
-  const handle = database ?? openDatabase(filename!, driverName, timerMs(busyTimeoutMs));
+  const handle = database ?? openDatabase(url!, driverName, timerMs(busyTimeoutMs));
   const connection = driverOf(handle);
   if (ownsDatabase) {
     connection.exec('PRAGMA journal_mode = WAL');
   } else if (options.busyTimeoutMs !== undefined) {
     connection.exec(`PRAGMA busy_timeout = ${timerMs(busyTimeoutMs)}`);
   }
-  connection.exec(sqliteMigrationSql({ table }).join(';\n'));
-  addStepColumns(connection, table);
 
   const driver = sqliteDriver(handle, {
     now,
     pollDelays: { firstPollMs: pollIntervalMs, maxPollMs: maxPollIntervalMs },
   });
-  const store = sqlStore(driver, { table });
+  const store = sqlStore(driver, { table, migrate: options.migrate });
   const purge = sqliteStatements(`"${table}"`).PURGE;
 
   async function purgeExpired(batchSize = SQLITE_PURGE_BATCH_SIZE) {
     requirePositiveInteger('sqliteStore.purgeExpired', 'batchSize', batchSize);
     const checkpointer = walCheckpointer(connection);
     try {
+      // A read through the store's own checks first: a missing table is its ConfigError (or made).
+      await store.get('', '');
       // A batch holds the event loop and the write lock: the rests leave requests half of both.
       const deleteBatch = pacedDeletes(
         SQLITE_PURGE_STATEMENT_MS,
