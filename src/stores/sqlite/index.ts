@@ -65,8 +65,9 @@ export interface SqliteStoreOptions<D extends SqliteDatabase = SqliteDatabase> {
   migrate?: boolean;
   /**
    * How long a write waits for another process's write lock before failing with `SQLITE_BUSY`
-   * (shortened by a claim's `timeoutMs`). The store's own transactions wait without blocking the
-   * event loop; any other statement on the connection waits synchronously, as better-sqlite3 does.
+   * (counted from the call, time queued behind this process's own transactions included). The
+   * store's own transactions and writes wait without blocking the event loop; any other statement
+   * on the connection waits synchronously, as better-sqlite3 does.
    * Applied to a passed `database` only when set.
    * @default 5000
    */
