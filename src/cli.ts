@@ -182,7 +182,7 @@ async function openMysql(
 ): Promise<Target> {
   await driver(() => import('mysql2/promise'), 'mysql2');
   const { mysqlStore } = await import('./stores/mysql/index.js');
-  const store = mysqlStore({ uri: databaseUrl, table, maxConnections: 1 });
+  const store = mysqlStore({ url: databaseUrl, table, maxConnections: 1 });
   const label = `\`${table}\` in ${new URL(databaseUrl).pathname.slice(1)}`;
   if (command !== 'migrate') {
     const [rows] = await store.pool

@@ -354,7 +354,7 @@ describe('retrysafe CLI', () => {
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
     it('migrate creates the table, can run again, and keys and purge then work on it', async () => {
       const database = await mysqlDatabase();
-      const store = mysqlStore({ uri: database.url, table: 'keys' });
+      const store = mysqlStore({ url: database.url, table: 'keys' });
       try {
         for (const command of [['keys', 'list'], ['purge']]) {
           const run = await cli(...command, '--database-url', database.url, '--table', 'keys');
@@ -714,7 +714,7 @@ describe('retrysafe keys', () => {
       const database = await mysqlDatabase();
       return {
         args: ['--database-url', database.url],
-        store: mysqlStore({ uri: database.url, migrate: true }),
+        store: mysqlStore({ url: database.url, migrate: true }),
         cleanup: database.drop,
       };
     });

@@ -87,7 +87,7 @@ export const mysql: StoreFactory = {
   available: hasMysql,
   async open() {
     const database = await mysqlDatabase();
-    const store = mysqlStore({ uri: database.url });
+    const store = mysqlStore({ url: database.url });
     await store.migrate();
     return { store, cleanup: database.drop };
   },
