@@ -102,7 +102,8 @@ export interface IdempotentOptions<Input, Tx = unknown> {
   onEvent?: IdempotencyEventListener;
 }
 
-const IDEMPOTENT_OPTION_NAMES = optionNames<IdempotentOptions<unknown>>({
+/** The names `idempotent()` accepts, for the mutation guards that take its options. */
+export const IDEMPOTENT_OPTION_NAMES = optionNames<IdempotentOptions<unknown>>({
   store: true,
   key: true,
   fingerprint: true,
