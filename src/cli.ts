@@ -158,9 +158,8 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
     if (!exists) throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
   }
   const { sqliteStore } = await import('./stores/sqlite/index.js');
-  // The SQLite store creates its table and index when it opens the file.
-  const store = sqliteStore({ filename: databaseUrl, table });
-  return { store, migrate: async () => {}, label };
+  const store = sqliteStore({ url: databaseUrl, table });
+  return { store, migrate: () => store.migrate(), label };
 }
 
 /**

@@ -197,7 +197,7 @@ describe('retrysafe CLI', () => {
         db.exec(run.stdout);
         expect(
           db.prepare("SELECT name FROM sqlite_master WHERE tbl_name = 'keys' ORDER BY 1").pluck().all(),
-        ).toEqual(['keys', 'keys_expires_at_ms', 'sqlite_autoindex_keys_1']);
+        ).toEqual(['keys', 'keys_abandoned', 'keys_expires_at_ms', 'sqlite_autoindex_keys_1']);
       } finally {
         db.close();
       }
@@ -623,7 +623,7 @@ describe('retrysafe keys', () => {
       const file = join(dir, 'keys.db');
       return {
         args: ['--database-url', file],
-        store: sqliteStore({ filename: file }),
+        store: sqliteStore({ url: file, migrate: true }),
         cleanup: async () => rmSync(dir, { recursive: true, force: true }),
       };
     });
@@ -631,7 +631,7 @@ describe('retrysafe keys', () => {
     it("lists, shows and deletes idempotent()'s records as it does HTTP ones", async () => {
       const dir = mkdtempSync(join(tmpdir(), 'retrysafe-cli-jobs-'));
       const file = join(dir, 'jobs.db');
-      const store = sqliteStore({ filename: file });
+      const store = sqliteStore({ url: file, migrate: true });
       try {
         let runs = 0;
         const run = idempotent({ store, scope: 'receipts', key: (job: { id: string }) => job.id });

@@ -27,7 +27,10 @@ const schema = createSchema({
 const yoga = createYoga({
   schema,
   plugins: [
-    useIdempotency({ store: sqliteStore({ filename: 'idempotency.db' }), mutations: ['createOrder'] }),
+    useIdempotency({
+      store: sqliteStore({ url: 'idempotency.db', migrate: true }),
+      mutations: ['createOrder'],
+    }),
   ],
 });
 const server = createServer((req, res) => {

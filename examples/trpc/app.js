@@ -9,7 +9,7 @@ const orders = [];
 
 const router = t.router({
   createOrder: t.procedure
-    .use(idempotency({ store: sqliteStore({ filename: 'idempotency.db' }) }))
+    .use(idempotency({ store: sqliteStore({ url: 'idempotency.db', migrate: true }) }))
     .input((input) => {
       if (typeof input?.item !== 'string') throw new Error('send an order with an item');
       return { item: input.item };

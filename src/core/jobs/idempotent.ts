@@ -22,7 +22,7 @@ import { jsonProblem, LONE_SURROGATE } from './json-value.js';
 export interface IdempotentOptions<Input, Tx = unknown> {
   /**
    * Where records live, shared with HTTP routes or not: `memoryStore()`, `sqliteStore()`, … Required.
-   * @example store: sqliteStore({ filename: 'app.db' })
+   * @example store: sqliteStore({ url: 'app.db', migrate: true })
    */
   store: IdempotencyStore | AtomicStore<Tx>;
   /**

@@ -98,6 +98,16 @@ export interface SqlDriver<Tx> {
    * the first call on; a wait polls meanwhile and whenever the listening connection is down.
    */
   listen?(channel: string, wake: (payload: string) => void): void;
+  /**
+   * SQLite: the clock records are stamped and judged by, in ms since the epoch (the database runs
+   * in this process and has no clock of its own in ms). Absent: `Date.now`.
+   */
+  now?(): number;
+  /**
+   * How often a wait reads the record: first after `firstPollMs`, doubled up to `maxPollMs` (the
+   * SQLite store's `pollIntervalMs` and `maxPollIntervalMs`). Absent: the stores' defaults.
+   */
+  readonly pollDelays?: { firstPollMs: number; maxPollMs: number };
 }
 
 /** One statement of {@link SqlDriver.pipelineIn}: its text, with its values if it takes any. */

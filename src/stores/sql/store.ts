@@ -31,6 +31,7 @@ import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transact
 import { changedOne, type Run, type Statement, type StoreDialect } from './dialect.js';
 import { mysqlDialect } from './dialects/mysql.js';
 import { postgresDialect } from './dialects/postgres.js';
+import { sqliteDialect } from './dialects/sqlite.js';
 import type { SqlDriver } from './driver.js';
 
 export type { SqlDialect, SqlDriver, SqlResult, StatementBound, TransactionOptions } from './driver.js';
@@ -122,7 +123,9 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   const waiters = new Waiters();
   const deduplicated = atomicInFlight();
   let migrating: Promise<void> | undefined;
+  let closed = false;
 
+  const autocommit: Run = (text, values = []) => driver.query(text, values);
   const query = <Row>({ text, values }: Statement) => driver.query<Row>(text, values);
 
   /** Runs statements in `tx`, with what the driver can do beyond one statement a round trip. */
@@ -153,7 +156,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       // application's own is the application's error.
       if (transaction && !(thrown instanceof BeforeWork)) throw thrown;
       const error = thrown instanceof BeforeWork ? thrown.cause : thrown;
-      if (!dialect.missing(driver.errorCode(error))) throw error;
+      if (!dialect.missing(driver.errorCode(error), error)) throw error;
       if (!options.migrate) {
         throw new ConfigError(
           `${owner}: the table ${qualified} does not exist. Create it with store.migrate(), ${dialect.migrateHint} (or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
@@ -191,6 +194,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
     const transactionOptions = { acquireTimeoutMs: timeoutMs };
     let token: string | undefined;
+    if (dialect.settled) {
+      const settled = await beforeWork(() => dialect.settled!(autocommit, input));
+      if (settled) return settled;
+    }
     await dialect.beforeAtomic?.();
     try {
       for (let attempt = 1; ; attempt++) {
@@ -285,7 +292,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     migrate,
 
     claim(input) {
-      return own(() => dialect.claim((text, values = []) => driver.query(text, values), input));
+      return own(() => dialect.claim(autocommit, input));
     },
 
     complete,
@@ -314,10 +321,17 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
     async wait(scope, key, timeoutMs) {
       if (dialect.channel) driver.listen?.(dialect.channel, (id) => waiters.wake(id));
-      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
-        const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
-        return rows[0] ? Number(rows[0].lease_left_ms) : null;
-      });
+      await pollUntilSettled(
+        waiters,
+        recordId(scope, key),
+        timeoutMs,
+        async () => {
+          if (closed) return null;
+          const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
+          return rows[0] ? Number(rows[0].lease_left_ms) : null;
+        },
+        driver.pollDelays,
+      );
     },
 
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
@@ -356,6 +370,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
     async close() {
       // The driver's connections are the application's: the store opened nothing of its own.
+      closed = true;
       waiters.wakeAll();
     },
   };
@@ -373,10 +388,15 @@ function dialectOf(owner: string, driver: SqlDriver<unknown>, options: SqlStoreO
         );
       }
       return mysqlDialect(driver, options);
+    case 'sqlite':
+      if (options.schema !== undefined) {
+        throw new ConfigError(
+          `${owner}: \`schema\` is PostgreSQL's; a SQLite database holds the table itself`,
+        );
+      }
+      return sqliteDialect(driver, options);
     default:
-      throw new ConfigError(
-        `${owner}: the ${driver.dialect} dialect has no SQL store over a driver yet; use retrysafe/sqlite`,
-      );
+      throw new ConfigError(`${owner}: no SQL dialect ${JSON.stringify(driver.dialect)}`);
   }
 }
 
