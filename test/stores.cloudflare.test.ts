@@ -16,8 +16,13 @@ let namespace: DurableObjectNamespaceLike;
 
 describe.runIf(workerdSupported)('durableObjectStore on workerd', () => {
   beforeAll(async () => {
-    worker = await startWorker(join(example, 'worker.js'), readWranglerConfig(join(example, 'wrangler.jsonc')));
-    namespace = (await worker.getDurableObjectNamespace('IDEMPOTENCY')) as unknown as DurableObjectNamespaceLike;
+    worker = await startWorker(
+      join(example, 'worker.js'),
+      readWranglerConfig(join(example, 'wrangler.jsonc')),
+    );
+    namespace = (await worker.getDurableObjectNamespace(
+      'IDEMPOTENCY',
+    )) as unknown as DurableObjectNamespaceLike;
   });
   afterAll(() => worker?.dispose());
 

@@ -14,7 +14,9 @@ export class Orders {
   async fetch(request) {
     if (request.method === 'POST') {
       const { item } = await request.json();
-      return Response.json(this.sql.exec('INSERT INTO orders (item) VALUES (?) RETURNING id, item', item).one());
+      return Response.json(
+        this.sql.exec('INSERT INTO orders (item) VALUES (?) RETURNING id, item', item).one(),
+      );
     }
     return Response.json(this.sql.exec('SELECT id, item FROM orders ORDER BY id').toArray());
   }

@@ -32,7 +32,10 @@ import {
 
 /** The part of a Durable Object's `ctx.storage.sql` the store uses (SQLite-backed objects only). */
 export interface SqlStorageLike {
-  exec(query: string, ...bindings: unknown[]): {
+  exec(
+    query: string,
+    ...bindings: unknown[]
+  ): {
     toArray(): Record<string, unknown>[];
     readonly rowsWritten: number;
   };
@@ -86,7 +89,9 @@ interface WireResponse {
 const toWire = (response: StoredResponse): WireResponse => ({
   status: response.status,
   headers: response.headers,
-  body: Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength).toString('base64'),
+  body: Buffer.from(response.body.buffer, response.body.byteOffset, response.body.byteLength).toString(
+    'base64',
+  ),
 });
 
 const fromWire = (response: WireResponse): StoredResponse => ({
@@ -125,7 +130,12 @@ class DurableRecords {
   claim(input: ClaimInput) {
     const nowMs = Date.now();
     const { scope, key } = input;
-    this.#sql.exec('DELETE FROM retrysafe_keys WHERE scope = ? AND key = ? AND expires_at_ms <= ?', scope, key, nowMs);
+    this.#sql.exec(
+      'DELETE FROM retrysafe_keys WHERE scope = ? AND key = ? AND expires_at_ms <= ?',
+      scope,
+      key,
+      nowMs,
+    );
     const [row] = this.#rows(
       'SELECT fingerprint, lease_until_ms, completed_at_ms, status, headers, body, steps FROM retrysafe_keys WHERE scope = ? AND key = ?',
       scope,
@@ -148,7 +158,11 @@ class DurableRecords {
     }
     if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
     if (row.completed_at_ms !== null) {
-      const response = { status: row.status as number, headers: JSON.parse(row.headers as string), body: bytesOf(row.body) };
+      const response = {
+        status: row.status as number,
+        headers: JSON.parse(row.headers as string),
+        body: bytesOf(row.body),
+      };
       return { outcome: 'replay', response: toWire(response) };
     }
     if ((row.lease_until_ms as number) > nowMs) {
@@ -331,7 +345,8 @@ export class IdempotencyObject {
   async fetch(request: Request): Promise<Response> {
     const { op, args } = (await request.json()) as { op: Operation; args: unknown[] };
     const method = this.#records[op] as ((...args: unknown[]) => unknown) | undefined;
-    if (typeof method !== 'function') return Response.json({ error: `unknown operation ${op}` }, { status: 400 });
+    if (typeof method !== 'function')
+      return Response.json({ error: `unknown operation ${op}` }, { status: 400 });
     try {
       return Response.json({ result: (await method.apply(this.#records, args)) ?? null });
     } catch (error) {
@@ -391,7 +406,9 @@ export function durableObjectStore(given: DurableObjectStoreOptions): Idempotenc
     name: 'durable-object',
     async claim(input) {
       const result = await call<ClaimResult & { response?: WireResponse }>('claim', input);
-      return result.outcome === 'replay' ? { outcome: 'replay', response: fromWire(result.response as never) } : result;
+      return result.outcome === 'replay'
+        ? { outcome: 'replay', response: fromWire(result.response as never) }
+        : result;
     },
     complete: (scope, key, token, response) => call('complete', scope, key, token, toWire(response)),
     release: (scope, key, token) => call('release', scope, key, token),
