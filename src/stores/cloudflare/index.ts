@@ -29,6 +29,7 @@ import {
   summaryOf,
   Waiters,
 } from '../internal.js';
+import { sqliteMigrationSql } from '../sqlite/migrate.js';
 
 /** The part of a Durable Object's `ctx.storage.sql` the store uses (SQLite-backed objects only). */
 export interface SqlStorageLike {
@@ -56,25 +57,6 @@ export interface DurableObjectNamespaceLike {
 export class DurableObjectStoreError extends RetrysafeError {
   override readonly name = 'DurableObjectStoreError';
 }
-
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS retrysafe_keys (
-  scope TEXT NOT NULL,
-  key TEXT NOT NULL,
-  fingerprint TEXT NOT NULL,
-  token TEXT NOT NULL,
-  created_at_ms INTEGER NOT NULL,
-  lease_until_ms INTEGER NOT NULL,
-  expires_at_ms INTEGER NOT NULL,
-  completed_at_ms INTEGER,
-  status INTEGER,
-  headers TEXT,
-  body BLOB,
-  steps TEXT,
-  request TEXT,
-  PRIMARY KEY (scope, key)
-);
-CREATE INDEX IF NOT EXISTS retrysafe_keys_expires ON retrysafe_keys (expires_at_ms);`;
 
 /** Matches a record the caller owns: live, not completed, its token. Binds scope, key, token, now. */
 const OWNED = 'scope = ? AND key = ? AND token = ? AND completed_at_ms IS NULL AND expires_at_ms > ?';
@@ -116,7 +98,8 @@ class DurableRecords {
 
   constructor(sql: SqlStorageLike) {
     this.#sql = sql;
-    this.#sql.exec(SCHEMA);
+    // The SQLite store's own table: one schema for SQLite wherever it runs.
+    for (const statement of sqliteMigrationSql()) this.#sql.exec(statement);
   }
 
   #rows(query: string, ...bindings: unknown[]): Record<string, unknown>[] {
@@ -131,13 +114,13 @@ class DurableRecords {
     const nowMs = Date.now();
     const { scope, key } = input;
     this.#sql.exec(
-      'DELETE FROM retrysafe_keys WHERE scope = ? AND key = ? AND expires_at_ms <= ?',
+      'DELETE FROM idempotency_keys WHERE scope = ? AND key = ? AND expires_at_ms <= ?',
       scope,
       key,
       nowMs,
     );
     const [row] = this.#rows(
-      'SELECT fingerprint, lease_until_ms, completed_at_ms, status, headers, body, steps FROM retrysafe_keys WHERE scope = ? AND key = ?',
+      'SELECT fingerprint, lease_until_ms, completed_at_ms, status, headers, body, steps FROM idempotency_keys WHERE scope = ? AND key = ?',
       scope,
       key,
     );
@@ -145,7 +128,7 @@ class DurableRecords {
     const leaseUntilMs = nowMs + input.leaseMs;
     if (!row) {
       this.#sql.exec(
-        'INSERT INTO retrysafe_keys (scope, key, fingerprint, token, created_at_ms, lease_until_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)',
+        'INSERT INTO idempotency_keys (scope, key, fingerprint, token, created_at_ms, lease_until_ms, expires_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?)',
         scope,
         key,
         input.fingerprint,
@@ -171,7 +154,7 @@ class DurableRecords {
     // A takeover goes on with the same operation: retention counts from the first claim, but never
     // ends inside the new lease.
     this.#sql.exec(
-      'UPDATE retrysafe_keys SET token = ?, lease_until_ms = ?, expires_at_ms = max(expires_at_ms, ?) WHERE scope = ? AND key = ?',
+      'UPDATE idempotency_keys SET token = ?, lease_until_ms = ?, expires_at_ms = max(expires_at_ms, ?) WHERE scope = ? AND key = ?',
       token,
       leaseUntilMs,
       leaseUntilMs,
@@ -186,7 +169,7 @@ class DurableRecords {
     const { status, headers, body } = fromWire(response);
     const nowMs = Date.now();
     const done = this.#written(
-      `UPDATE retrysafe_keys SET completed_at_ms = ?, status = ?, headers = ?, body = ? WHERE ${OWNED}`,
+      `UPDATE idempotency_keys SET completed_at_ms = ?, status = ?, headers = ?, body = ? WHERE ${OWNED}`,
       nowMs,
       status,
       JSON.stringify(headers),
@@ -201,7 +184,7 @@ class DurableRecords {
   }
 
   release(scope: string, key: string, token: string) {
-    const done = this.#written(`DELETE FROM retrysafe_keys WHERE ${OWNED}`, scope, key, token, Date.now());
+    const done = this.#written(`DELETE FROM idempotency_keys WHERE ${OWNED}`, scope, key, token, Date.now());
     if (done) this.#waiters.wake(recordId(scope, key));
     return done;
   }
@@ -209,7 +192,7 @@ class DurableRecords {
   renew(scope: string, key: string, token: string, leaseMs: number) {
     const nowMs = Date.now();
     return this.#written(
-      `UPDATE retrysafe_keys SET lease_until_ms = ?, expires_at_ms = max(expires_at_ms, ?) WHERE ${OWNED}`,
+      `UPDATE idempotency_keys SET lease_until_ms = ?, expires_at_ms = max(expires_at_ms, ?) WHERE ${OWNED}`,
       nowMs + leaseMs,
       nowMs + leaseMs,
       scope,
@@ -221,7 +204,7 @@ class DurableRecords {
 
   saveStep(scope: string, key: string, token: string, step: SavedStep, request?: string) {
     return this.#written(
-      `UPDATE retrysafe_keys SET steps = json_insert(coalesce(steps, '[]'), '$[#]', json(?)),
+      `UPDATE idempotency_keys SET steps = json_insert(coalesce(steps, '[]'), '$[#]', json(?)),
          request = coalesce(?, request) WHERE ${OWNED}`,
       JSON.stringify({ name: step.name, value: step.value }),
       request ?? null,
@@ -235,7 +218,7 @@ class DurableRecords {
   abandoned(limit: number) {
     const nowMs = Date.now();
     return this.#rows(
-      `SELECT scope, key, fingerprint, request, lease_until_ms FROM retrysafe_keys
+      `SELECT scope, key, fingerprint, request, lease_until_ms FROM idempotency_keys
        WHERE completed_at_ms IS NULL AND request IS NOT NULL AND lease_until_ms <= ? AND expires_at_ms > ?
        ORDER BY lease_until_ms LIMIT ?`,
       nowMs,
@@ -251,7 +234,7 @@ class DurableRecords {
     for (;;) {
       const nowMs = Date.now();
       const [row] = this.#rows(
-        'SELECT lease_until_ms FROM retrysafe_keys WHERE scope = ? AND key = ? AND completed_at_ms IS NULL AND expires_at_ms > ?',
+        'SELECT lease_until_ms FROM idempotency_keys WHERE scope = ? AND key = ? AND completed_at_ms IS NULL AND expires_at_ms > ?',
         scope,
         key,
         nowMs,
@@ -268,7 +251,7 @@ class DurableRecords {
     let deleted = 0;
     for (;;) {
       const { rowsWritten } = this.#sql.exec(
-        'DELETE FROM retrysafe_keys WHERE rowid IN (SELECT rowid FROM retrysafe_keys WHERE expires_at_ms <= ? LIMIT ?)',
+        'DELETE FROM idempotency_keys WHERE rowid IN (SELECT rowid FROM idempotency_keys WHERE expires_at_ms <= ? LIMIT ?)',
         nowMs,
         batchSize,
       );
@@ -279,7 +262,7 @@ class DurableRecords {
 
   list(limit: number, scope: string | null, after: string[] | null) {
     const rows = this.#rows(
-      `SELECT ${SUMMARY_COLUMNS} FROM retrysafe_keys
+      `SELECT ${SUMMARY_COLUMNS} FROM idempotency_keys
        WHERE expires_at_ms > ?1 AND (?2 IS NULL OR scope = ?2) AND (?3 IS NULL OR (scope, key) > (?3, ?4))
        ORDER BY scope, key LIMIT ?5`,
       Date.now(),
@@ -296,7 +279,7 @@ class DurableRecords {
 
   get(scope: string, key: string, options?: GetKeyOptions) {
     const [row] = this.#rows(
-      `SELECT ${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS} FROM retrysafe_keys WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
+      `SELECT ${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS} FROM idempotency_keys WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
       scope,
       key,
       Date.now(),
@@ -312,7 +295,7 @@ class DurableRecords {
 
   delete(scope: string, key: string) {
     const done = this.#written(
-      'DELETE FROM retrysafe_keys WHERE scope = ? AND key = ? AND expires_at_ms > ?',
+      'DELETE FROM idempotency_keys WHERE scope = ? AND key = ? AND expires_at_ms > ?',
       scope,
       key,
       Date.now(),
