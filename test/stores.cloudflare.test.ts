@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import type { Miniflare } from 'miniflare';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type DurableObjectNamespaceLike, durableObjectStore } from '../src/stores/cloudflare/index.js';
+import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { readWranglerConfig, startWorker, workerdSupported } from './support/workerd.js';
 
@@ -27,9 +28,9 @@ describe.runIf(workerdSupported)('durableObjectStore on workerd', () => {
   afterAll(() => worker?.dispose());
 
   // An object of its own per suite: the purge test counts exactly what it deleted.
-  describeStoreConformance('durable object (workerd)', async () => ({
-    store: durableObjectStore({ namespace, name: randomUUID() }),
-  }));
+  const onFreshObject = async () => ({ store: durableObjectStore({ namespace, name: randomUUID() }) });
+  describeStoreConformance('durable object (workerd)', onFreshObject);
+  describeIdempotentConformance('durable object (workerd)', onFreshObject);
 
   it('rejects bad options naming the option', () => {
     expect(() => durableObjectStore({} as never)).toThrow(/`namespace`/);

@@ -7,7 +7,8 @@ import { Miniflare } from 'miniflare';
  * Workers on the real workerd runtime, through Miniflare (which runs the workerd binary of the
  * `workerd` package). Miniflare declares Node ≥ 22; on Node 20 the workerd tests are skipped, loudly.
  * workerd itself is the same binary under every Node, so the tests run on each Node CI runs that
- * Miniflare supports (22 and 24): each workerd suite starts one workerd process and takes seconds.
+ * Miniflare supports (22 and 24): each test file starts one workerd process, and its time is the
+ * suites' own lease waits, not load.
  */
 export const WORKERD_NODE_MIN_MAJOR = 22;
 export const workerdSupported = Number(process.versions.node.split('.')[0]) >= WORKERD_NODE_MIN_MAJOR;
