@@ -1,5 +1,5 @@
 import { type AbandonedRecord, type IdempotencyStore, RetrysafeError } from '../contract/index.js';
-import { type Duration, timerMs, toMs } from '../options/index.js';
+import { type Duration, timerMs, toMs, unrefTimer } from '../options/index.js';
 import { untilAborted } from './deadline.js';
 
 /** Options of {@link resumeAbandoned} and {@link startCompleter}. */
@@ -77,7 +77,7 @@ async function resumeWithin(
       ),
     timerMs(timeoutMs),
   );
-  timer.unref();
+  unrefTimer(timer);
   const stop = () => controller.abort(stopping?.reason);
   stopping?.addEventListener('abort', stop, { once: true });
   try {
@@ -113,7 +113,7 @@ export function startCompleter(options: StartCompleterOptions): { stop(): Promis
         .catch((error) => options.onError?.(error))
         .finally(schedule);
     }, timerMs(intervalMs));
-    timer.unref();
+    unrefTimer(timer);
   };
   schedule();
   return {

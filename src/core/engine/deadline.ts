@@ -1,5 +1,5 @@
 import { RetrysafeError } from '../contract/index.js';
-import { timerMs } from '../options/index.js';
+import { timerMs, unrefTimer } from '../options/index.js';
 
 /**
  * Rejects promises still pending after `timeoutMs`. One unref'd sweep timer serves every pending
@@ -29,7 +29,7 @@ export function deadlineGuard(timeoutMs: number, message: string) {
       pending.add(call);
       if (!sweeper) {
         sweeper = setInterval(sweep, timerMs(Math.max(1, Math.min(100, Math.floor(timeoutMs / 4)))));
-        sweeper.unref();
+        unrefTimer(sweeper);
       }
       promise.then(
         (value) => {

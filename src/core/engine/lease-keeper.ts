@@ -1,5 +1,5 @@
 import type { IdempotencyEventListener, IdempotencyStore } from '../contract/index.js';
-import { timerMs } from '../options/index.js';
+import { timerMs, unrefTimer } from '../options/index.js';
 
 interface HeldLease {
   scope: string;
@@ -59,7 +59,7 @@ export function leaseKeeper(
       held.add(lease);
       if (!ticker) {
         ticker = setInterval(tick, timerMs(Math.max(1, Math.floor(renewEveryMs / 4))));
-        ticker.unref();
+        unrefTimer(ticker);
       }
       return lease;
     },

@@ -13,3 +13,11 @@ export const MAX_TIMER_MS = 2_147_483_647;
 export function timerMs(ms: number): number {
   return Math.min(MAX_TIMER_MS, Math.max(0, Math.ceil(ms)));
 }
+
+/**
+ * Lets the process exit while `timer` is pending, where the runtime can (Node, Bun); workerd and
+ * browsers hand back a number, which has nothing to unref.
+ */
+export function unrefTimer(timer: unknown): void {
+  (timer as { unref?: () => void }).unref?.();
+}
