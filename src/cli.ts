@@ -4,6 +4,14 @@ import { STATUS_CODES } from 'node:http';
 import { parseArgs } from 'node:util';
 import type { IdempotencyStore, KeyRecordSummary } from './core/contract/index.js';
 import { type StoredResponseView, storedResponseView } from './core/response/index.js';
+import {
+  driverPackage,
+  openSqlStore,
+  type SqlEngine,
+  sqlEngineOf,
+  sqlMigrationOf,
+} from './stores/registry.js';
+import { isTableMissing } from './stores/sql/table-missing.js';
 
 const USAGE = `Usage:
   retrysafe migrate --database-url <url> [--schema <name>] [--table <name>] [--pooling <mode>] [--print]
@@ -47,32 +55,20 @@ class UsageError extends Error {
   override readonly name = 'UsageError';
 }
 
-const POSTGRES_URL = /^postgres(ql)?:\/\//;
-const MYSQL_URL = /^mysql:\/\//;
-// A SQLite file is named by its extension, so a URL whose scheme was mistyped or forgotten
-// (`postgres@host:5432`, `postgress://…`) is refused instead of becoming a new file of that name.
-const SQLITE_FILE = /\.(db|sqlite3?)$/i;
+/** What a command names does not exist (a file, a table): exit 2, without the usage text. */
+class NotFound extends Error {
+  override readonly name = 'NotFound';
+}
 
 /** Which store a --database-url names; a usage error when it names none. */
-function databaseKind(databaseUrl: string): 'postgres' | 'mysql' | 'sqlite' {
-  if (POSTGRES_URL.test(databaseUrl)) return 'postgres';
-  if (MYSQL_URL.test(databaseUrl)) return 'mysql';
-  if (SQLITE_FILE.test(databaseUrl)) return 'sqlite';
+function databaseKind(databaseUrl: string): SqlEngine {
+  const engine = sqlEngineOf(databaseUrl);
+  if (engine) return engine;
   throw new UsageError(
     `--database-url ${JSON.stringify(databaseUrl)} is neither a postgres:// or mysql:// URL nor a SQLite file (ending .db, .sqlite or .sqlite3)`,
   );
 }
 
-/** The store drivers are optional peer dependencies: a missing one says what to install. */
-async function driver<T>(load: () => Promise<T>, name: string): Promise<T> {
-  try {
-    return await load();
-  } catch (error) {
-    const code = (error as { code?: string }).code;
-    if (code !== 'ERR_MODULE_NOT_FOUND' || !(error as Error).message.includes(`'${name}'`)) throw error;
-    throw new Error(`this store needs the ${name} package: npm install ${name}`, { cause: error });
-  }
-}
 const DEFAULT_LIST_LIMIT = 100;
 
 interface Target {
@@ -94,8 +90,9 @@ interface StoreArgs {
 }
 
 /**
- * Opens the store the arguments name. Only `migrate` creates anything: every other command
- * refuses a file, schema or table that does not exist, so a typo fails instead of making one.
+ * Opens the store the arguments name, through the stores' registry (src/stores/registry.ts). Only
+ * `migrate` creates anything: every other command refuses a file, schema or table that does not
+ * exist, so a typo fails instead of making one.
  */
 async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs): Promise<Target> {
   const { databaseUrl, redisUrl, redisCluster, schema, table, pooling, prefix } = args;
@@ -104,7 +101,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
     if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
     if (table !== undefined) throw new UsageError('--table applies to SQLite, PostgreSQL and MySQL only');
     if (pooling !== undefined) throw new UsageError('--pooling applies to PostgreSQL only');
-    await driver(() => import('ioredis'), 'ioredis');
+    await driverPackage(() => import('ioredis'), 'ioredis');
     const { redisStore } = await import('./stores/redis/index.js');
     const clusterNodes = redisCluster?.split(',').filter((node) => node !== '');
     if (clusterNodes?.length === 0)
@@ -115,51 +112,29 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   }
   if (prefix !== undefined) throw new UsageError('--prefix applies to Redis only');
   if (databaseUrl === undefined) throw new UsageError('--database-url (or DATABASE_URL) is required');
-  const tableName = table ?? 'idempotency_keys';
-  if (databaseKind(databaseUrl) === 'postgres') {
-    await driver(() => import('pg'), 'pg');
-    const { postgresStore } = await import('./stores/postgres/index.js');
-    const store = postgresStore({ url: databaseUrl, schema, table, pooling, maxConnections: 1 });
-    const schemaName = schema ?? 'public';
-    const label = `"${schemaName}"."${tableName}"`;
-    if (command !== 'migrate') {
-      const { rowCount } = await store.pool
-        .query('SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2', [schemaName, tableName])
-        .catch(async (error: unknown) => {
-          await store.close();
-          pgbouncerHint(error);
-        });
-      if (rowCount === 0) {
-        await store.close();
-        throw new UsageError(`no table ${label}: check --schema and --table, or create it with migrate`);
-      }
-    }
-    return { store, migrate: () => store.migrate().catch(pgbouncerHint), label };
+  const engine = databaseKind(databaseUrl);
+  if (engine !== 'postgres' && schema !== undefined)
+    throw new UsageError('--schema applies to PostgreSQL only');
+  if (engine !== 'postgres' && pooling !== undefined)
+    throw new UsageError('--pooling applies to PostgreSQL only');
+  if (engine === 'sqlite' && command !== 'migrate' && !existsSync(databaseUrl)) {
+    throw new NotFound(`no SQLite database ${databaseUrl}: check --database-url`);
   }
-  if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
-  if (pooling !== undefined) throw new UsageError('--pooling applies to PostgreSQL only');
-  if (databaseKind(databaseUrl) === 'mysql') return openMysql(command, databaseUrl, tableName);
-  const label = `"${tableName}" in ${databaseUrl}`;
+  const { store, label } = await openSqlStore(databaseUrl, { schema, table, pooling, maxConnections: 1 });
   if (command !== 'migrate') {
-    // Checked before the store opens the file, which would create it (a typo then makes one).
-    if (!existsSync(databaseUrl))
-      throw new UsageError(`no SQLite database ${databaseUrl}: check --database-url`);
-    // better-sqlite3 where it is installed, else Node's own node:sqlite (Node ≥ 22.16).
-    const { openDatabase } = await import('./stores/sqlite/driver.js');
-    const db = openDatabase(databaseUrl, undefined, 5000);
-    let exists: boolean;
+    // Every SQL store refuses a missing table with the same error: asked once, it creates nothing.
     try {
-      exists =
-        db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?").get(tableName) !==
-        undefined;
-    } finally {
-      db.close();
+      await store.list({ limit: 1 });
+    } catch (error) {
+      await store.close();
+      if (isTableMissing(error)) {
+        const names = engine === 'postgres' ? '--schema and --table' : '--table';
+        throw new NotFound(`no table ${label}: check ${names}, or create it with migrate`);
+      }
+      pgbouncerHint(error);
     }
-    if (!exists) throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
   }
-  const { sqliteStore } = await import('./stores/sqlite/index.js');
-  const store = sqliteStore({ url: databaseUrl, table });
-  return { store, migrate: () => store.migrate(), label };
+  return { store, migrate: () => store.migrate().catch(pgbouncerHint), label };
 }
 
 /**
@@ -174,46 +149,11 @@ function pgbouncerHint(error: unknown): never {
   );
 }
 
-/** The MySQL/MariaDB store of the database the URL names; only `migrate` may find its table missing. */
-async function openMysql(
-  command: 'migrate' | 'purge' | 'keys',
-  databaseUrl: string,
-  table: string,
-): Promise<Target> {
-  await driver(() => import('mysql2/promise'), 'mysql2');
-  const { mysqlStore } = await import('./stores/mysql/index.js');
-  const store = mysqlStore({ url: databaseUrl, table, maxConnections: 1 });
-  const label = `\`${table}\` in ${new URL(databaseUrl).pathname.slice(1)}`;
-  if (command !== 'migrate') {
-    const [rows] = await store.pool
-      .query<import('mysql2/promise').RowDataPacket[]>(
-        'SELECT 1 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?',
-        [table],
-      )
-      .catch(async (error: unknown) => {
-        await store.close();
-        throw error;
-      });
-    if (rows.length === 0) {
-      await store.close();
-      throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
-    }
-  }
-  return { store, migrate: () => store.migrate(), label };
-}
-
 async function migrationSql(databaseUrl: string, schema?: string, table?: string): Promise<string[]> {
-  if (databaseKind(databaseUrl) === 'postgres') {
-    const { postgresMigrationSql } = await import('./stores/postgres/index.js');
-    return postgresMigrationSql({ schema, table });
+  if (databaseKind(databaseUrl) !== 'postgres' && schema !== undefined) {
+    throw new UsageError('--schema applies to PostgreSQL only');
   }
-  if (schema !== undefined) throw new UsageError('--schema applies to PostgreSQL only');
-  if (databaseKind(databaseUrl) === 'mysql') {
-    const { mysqlMigrationSql } = await import('./stores/mysql/index.js');
-    return mysqlMigrationSql({ table });
-  }
-  const { sqliteMigrationSql } = await import('./stores/sqlite/index.js');
-  return sqliteMigrationSql({ table });
+  return sqlMigrationOf(databaseUrl, { schema, table });
 }
 
 function poolingMode(value: string | undefined): StoreArgs['pooling'] {
@@ -454,5 +394,5 @@ main(process.argv.slice(2)).catch((error: unknown) => {
     error instanceof UsageError || (error as { code?: string }).code?.startsWith('ERR_PARSE_ARGS');
   console.error(`retrysafe: ${error instanceof Error ? error.message : String(error)}`);
   if (usage) console.error(`\n${USAGE}`);
-  process.exitCode = usage ? 2 : 1;
+  process.exitCode = usage || error instanceof NotFound ? 2 : 1;
 });

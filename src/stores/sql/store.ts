@@ -33,6 +33,7 @@ import { mysqlDialect } from './dialects/mysql.js';
 import { postgresDialect } from './dialects/postgres.js';
 import { sqliteDialect } from './dialects/sqlite.js';
 import type { SqlDriver } from './driver.js';
+import { TableMissingError } from './table-missing.js';
 
 export type { SqlDialect, SqlDriver, SqlResult, StatementBound, TransactionOptions } from './driver.js';
 
@@ -158,7 +159,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       const error = thrown instanceof BeforeWork ? thrown.cause : thrown;
       if (!dialect.missing(driver.errorCode(error), error)) throw error;
       if (!options.migrate) {
-        throw new ConfigError(
+        throw new TableMissingError(
           `${owner}: the table ${qualified} does not exist. Create it with store.migrate(), ${dialect.migrateHint} (or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
           { cause: error },
         );
