@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { actionKey, idempotentAction, KEY_FIELD } from '../src/adapters/next.js';
+import { actionKey, idempotencyOf, idempotentAction, KEY_FIELD } from '../src/adapters/next.js';
 import { ConfigError, ErrorCode, IdempotencyError } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 
@@ -77,6 +77,21 @@ describe('idempotentAction', () => {
     expect(await action(withReact)).toBe(1);
     expect(await action(form({ item: 'cup' }, key))).toBe(1);
     expect(runs).toEqual(['cup']);
+  });
+
+  it('the action finds its context with idempotencyOf(form); none without a key', async () => {
+    const seen: Array<{ key?: string; provider?: string }> = [];
+    const action = idempotentAction({ store: memoryStore() }, async (data: FormData) => {
+      const ctx = idempotencyOf(data);
+      seen.push({ key: ctx?.key, provider: ctx?.downstreamKey('charge') });
+      return seen.length;
+    });
+    const key = actionKey();
+    await action(form({ item: 'cup' }, key));
+    await action(form({ item: 'cup' }));
+    expect(seen[0]!.key).toBe(key);
+    expect(seen[0]!.provider).toEqual(expect.any(String));
+    expect(seen[1]).toEqual({ key: undefined, provider: undefined });
   });
 
   it('other fields under a used key: key_conflict (409), the action not run', async () => {

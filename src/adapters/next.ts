@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { ConfigError, type RegisteredTx } from '../core/index.js';
+import { ConfigError, type IdempotencyContext, type RegisteredTx } from '../core/index.js';
 import { type MutationIdempotencyOptions, mutationGuard } from './kit/mutation.js';
 
 /**
@@ -39,6 +39,18 @@ function fields(form: FormData): Array<[string, unknown]> {
   return kept;
 }
 
+// Each guarded call's context, by the FormData it was given.
+const contexts = new WeakMap<FormData, IdempotencyContext<unknown>>();
+
+/**
+ * The context of the guarded action that was given `form`: `key`, `scope`, `downstreamKey(purpose)`
+ * (a provider's idempotency key), `tx` in atomic mode; `undefined` when it ran without a key.
+ * @example const { downstreamKey } = idempotencyOf(form);
+ */
+export function idempotencyOf<Tx = RegisteredTx>(form: FormData): IdempotencyContext<Tx> | undefined {
+  return contexts.get(form) as IdempotencyContext<Tx> | undefined;
+}
+
 /**
  * Makes a Next.js server action idempotent per form: the first submission carrying a key (the
  * {@link KEY_FIELD} field of its FormData) runs `action`; a double submit, a resubmission after a
@@ -46,7 +58,8 @@ function fields(form: FormData): Array<[string, unknown]> {
  * again, and one arriving while the first still runs waits for it. Other fields under a used key
  * throw `key_conflict` (409); an error thrown by `action` frees the key. The FormData is the last
  * FormData argument, so it wraps `(formData)` and `useActionState`'s `(previousState, formData)`
- * alike; a call without a key runs unguarded unless `required`.
+ * alike; a call without a key runs unguarded unless `required`. The action finds its context
+ * with {@link idempotencyOf}.
  * @example
  * 'use server';
  * const store = memoryStore();
@@ -71,6 +84,9 @@ export function idempotentAction<Args extends unknown[], Result, Tx = Registered
       return action(...args);
     }
     const key = guard.namedKey(value, `the form's \`${KEY_FIELD}\` field`);
-    return guard.run(form, undefined, key, fields(form), () => action(...args));
+    return guard.run(form, undefined, key, fields(form), (ctx) => {
+      contexts.set(form, ctx);
+      return action(...args);
+    });
   };
 }
