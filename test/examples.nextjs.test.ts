@@ -21,6 +21,8 @@ const repeat = process.env.RETRYSAFE_CI_REPEAT === '1';
 if (repeat) console.warn('\nexamples.nextjs: skipped on this Node, run on CI’s first one\n');
 
 const TEST_TIMEOUT_MS = 60_000;
+// expect.poll gives up after 1 s unless told: an answer on a loaded machine may take longer.
+const POLL = { timeout: 15_000 };
 const isAction = (request: Request) =>
   request.method() === 'POST' && request.headers()['next-action'] !== undefined;
 
@@ -86,6 +88,10 @@ describe.skipIf(repeat)('examples/nextjs on Next.js 16 (next build, next start)'
         if (isAction(request)) seen.answered += 1;
       });
       await page.goto(url);
+      // Hydrated: React has taken the form over (a press before that is a native, JS-less POST).
+      await page.waitForFunction(() =>
+        Object.keys(document.querySelector('form')!).some((name) => name.startsWith('__reactProps')),
+      );
       return { page, seen, close: () => context.close() };
     }
 
@@ -112,8 +118,8 @@ describe.skipIf(repeat)('examples/nextjs on Next.js 16 (next build, next start)'
         await page.getByLabel('Item').fill('lamp');
         await button(page).dblclick();
         // Both submissions reach the server and are answered: the second with the first's order.
-        await expect.poll(() => seen.answered).toBe(2);
-        await expect.poll(() => status(page).textContent()).toBe('Order #1: lamp');
+        await expect.poll(() => seen.answered, POLL).toBe(2);
+        await expect.poll(() => status(page).textContent(), POLL).toBe('Order #1: lamp');
         expect(seen.actions).toBe(2);
         expect(await orders(url)).toEqual([{ id: 1, item: 'lamp' }]);
         expect(seen.pageErrors).toEqual([]);
@@ -139,12 +145,12 @@ describe.skipIf(repeat)('examples/nextjs on Next.js 16 (next build, next start)'
             return route.continue({ headers: { ...request.headers(), 'x-lose': '1' } });
           });
           await button(page).click();
-          await expect.poll(() => status(page).textContent()).toMatch(/^No answer from the server/);
+          await expect.poll(() => status(page).textContent(), POLL).toMatch(/^No answer from the server/);
           expect(proxy.stats.dropped).toBe(1);
           expect(await orders(url)).toEqual([{ id: 1, item: 'book' }]);
 
           await button(page).click();
-          await expect.poll(() => status(page).textContent()).toBe('Order #1: book');
+          await expect.poll(() => status(page).textContent(), POLL).toBe('Order #1: book');
           expect(seen.actions).toBe(2);
           expect(await orders(url)).toEqual([{ id: 1, item: 'book' }]);
           expect(seen.pageErrors).toEqual([]);
