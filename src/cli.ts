@@ -119,7 +119,7 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
   if (databaseKind(databaseUrl) === 'postgres') {
     await driver(() => import('pg'), 'pg');
     const { postgresStore } = await import('./stores/postgres/index.js');
-    const store = postgresStore({ connectionString: databaseUrl, schema, table, pooling, maxConnections: 1 });
+    const store = postgresStore({ url: databaseUrl, schema, table, pooling, maxConnections: 1 });
     const schemaName = schema ?? 'public';
     const label = `"${schemaName}"."${tableName}"`;
     if (command !== 'migrate') {

@@ -277,7 +277,7 @@ describe('retrysafe CLI', () => {
       );
       expect(run).toMatchObject({ code: 0, stderr: '' });
       expect(run.stdout).toContain(`CREATE TABLE IF NOT EXISTS "${own}"."idempotency_keys"`);
-      const store = postgresStore({ connectionString: PG_URL, schema: own });
+      const store = postgresStore({ url: PG_URL, schema: own });
       try {
         await admin.query(run.stdout);
         const input = { scope: 's', key: 'k', fingerprint: 'f', leaseMs: 1000, retainMs: 1000 };
@@ -676,7 +676,7 @@ describe('retrysafe keys', () => {
       const schema = uniqueName('rs_cli_keys');
       return {
         args: ['--database-url', PG_URL, '--schema', schema],
-        store: postgresStore({ connectionString: PG_URL, schema, migrate: true }),
+        store: postgresStore({ url: PG_URL, schema, migrate: true }),
         async cleanup() {
           const admin = new pg.Client({ connectionString: PG_URL });
           await admin.connect();
@@ -696,7 +696,7 @@ describe('retrysafe keys', () => {
         const schema = uniqueName('rs_cli_keys_pgb');
         return {
           args: ['--database-url', bouncer.url, '--schema', schema, '--pooling', 'transaction'],
-          store: postgresStore({ connectionString: PG_URL, schema, migrate: true }),
+          store: postgresStore({ url: PG_URL, schema, migrate: true }),
           async cleanup() {
             await bouncer.stop();
             const admin = new pg.Client({ connectionString: PG_URL });

@@ -26,12 +26,7 @@ const factories: [string, (typo: Record<string, unknown>) => unknown, string, st
   ['NestJS RetrysafeModule options', (t) => new IdempotencyInterceptor({ store, ...t }), 'methds', 'methods'],
   ['memoryStore', (t) => memoryStore(t), 'maxRecord', 'maxRecords'],
   ['sqliteStore', (t) => sqliteStore({ database: new Database(':memory:'), ...t }), 'tabel', 'table'],
-  [
-    'postgresStore',
-    (t) => postgresStore({ connectionString: 'postgres://127.0.0.1/none', ...t }),
-    'schemma',
-    'schema',
-  ],
+  ['postgresStore', (t) => postgresStore({ url: 'postgres://127.0.0.1/none', ...t }), 'schemma', 'schema'],
   ['redisStore', (t) => redisStore({ url: 'redis://127.0.0.1:1', ...t }), 'prefx', 'prefix'],
   ['createRetryingFetch', (t) => createRetryingFetch(t), 'maxAtempts', 'maxAttempts'],
 ];
@@ -99,7 +94,7 @@ describe('every configuration error is a ConfigError', () => {
       () => sqliteStore({ database: new Database(':memory:'), pollIntervalMs: 50, maxPollIntervalMs: 10 }),
     ],
     ['postgresStore without a pool', () => postgresStore({})],
-    ['postgresStore bad schema', () => postgresStore({ connectionString: 'postgres://x/y', schema: 'a b' })],
+    ['postgresStore bad schema', () => postgresStore({ url: 'postgres://x/y', schema: 'a b' })],
     ['redisStore without a client', () => redisStore({})],
     [
       'redisStore bad prefix',

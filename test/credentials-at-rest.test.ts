@@ -78,7 +78,7 @@ const stores: Array<{ name: string; skip: boolean; open(): Promise<OpenedStore> 
     skip: !hasPostgres,
     async open() {
       const schema = uniqueName('rs_at_rest');
-      const store = postgresStore({ connectionString: PG_URL, schema });
+      const store = postgresStore({ url: PG_URL, schema });
       await store.migrate();
       const admin = new pg.Client({ connectionString: PG_URL });
       await admin.connect();

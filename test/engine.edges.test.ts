@@ -57,7 +57,7 @@ const backends: Backend[] = [
   {
     name: 'PostgreSQL',
     skip: !hasPostgres,
-    open: () => postgresStore({ connectionString: PG_URL, schema }),
+    open: () => postgresStore({ url: PG_URL, schema }),
     cleanup: async () => {
       if (hasPostgres) await dropSchemas(schema);
     },

@@ -58,7 +58,7 @@ function postgresBackend(): SqlBackend {
     name: 'PostgreSQL',
     skip: !hasPostgres,
     open() {
-      const store = postgresStore({ connectionString: PG_URL, schema });
+      const store = postgresStore({ url: PG_URL, schema });
       opened.push(store.migrate());
       return store;
     },

@@ -77,7 +77,7 @@ async function sqliteDatabase(): Promise<EffectDatabase> {
 
 async function postgresDatabase(): Promise<EffectDatabase> {
   const schema = uniqueName('rs_jobs');
-  const store = postgresStore({ connectionString: PG_URL, schema });
+  const store = postgresStore({ url: PG_URL, schema });
   await store.migrate();
   await store.close();
   const admin = new pg.Pool({ connectionString: PG_URL, max: 1 });

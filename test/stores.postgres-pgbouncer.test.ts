@@ -19,7 +19,7 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
   // Fewer server sessions than the store has connections: every one is shared by several.
   describeStoreConformance('postgres behind PgBouncer (lease and atomic mode)', async () => {
     const bouncer = await startPgBouncer({ poolSize: 3 });
-    return postgresUnderTest({ connectionString: bouncer.url, pooling: 'transaction' }, () => bouncer.stop());
+    return postgresUnderTest({ url: bouncer.url, pooling: 'transaction' }, () => bouncer.stop());
   });
 
   describe('specifics', () => {
@@ -28,7 +28,7 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
     const stores: PostgresStore[] = [];
     const open = (options: { maxConnections?: number } = {}) => {
       const store = postgresStore({
-        connectionString: bouncer.url,
+        url: bouncer.url,
         schema,
         pooling: 'transaction',
         ...options,
@@ -51,7 +51,7 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
     });
 
     it('without `pooling: transaction`, the refused startup parameters are a ConfigError naming the option', async () => {
-      const direct = postgresStore({ connectionString: bouncer.url, schema });
+      const direct = postgresStore({ url: bouncer.url, schema });
       try {
         await expect(direct.claim(claimInput('refused'))).rejects.toMatchObject({
           name: 'ConfigError',
@@ -69,14 +69,12 @@ describe.skipIf(!available)('postgres behind PgBouncer (transaction pooling)', (
     it('`connectionCheckIntervalMs` with transaction pooling is refused, naming the role setting', () => {
       expect(() =>
         postgresStore({
-          connectionString: bouncer.url,
+          url: bouncer.url,
           pooling: 'transaction',
           connectionCheckIntervalMs: 1000,
         }),
       ).toThrow(/ALTER ROLE/);
-      expect(() => postgresStore({ connectionString: bouncer.url, pooling: 'statement' as never })).toThrow(
-        /`pooling`/,
-      );
+      expect(() => postgresStore({ url: bouncer.url, pooling: 'statement' as never })).toThrow(/`pooling`/);
     });
 
     it('leaves the shared server session as it found it: no prepared statement, no setting, no LISTEN', async () => {

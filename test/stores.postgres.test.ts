@@ -3,7 +3,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
+import { pgDriver } from '../src/stores/sql/drivers/pg.js';
 import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
+import { describeSqlDriverConformance } from './conformance/sql-driver-suite.js';
 import { describeStoreConformance } from './conformance/store-suite.js';
 import { postgresUnderTest } from './support/postgres-under-test.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
@@ -16,6 +18,31 @@ describe.skipIf(!hasPostgres)('postgres', () => {
   describeIdempotentConformance('postgres', postgresWithProbe);
 });
 
+describe.skipIf(!hasPostgres)('pg driver', () => {
+  describeSqlDriverConformance('postgres', async () => {
+    const pool = new pg.Pool({ connectionString: PG_URL, max: 4 });
+    const driver = pgDriver(pool, { prepared: true, listen: true, connectTimeoutMs: 5000 });
+    return {
+      driver,
+      // Through the driver, which sends the transaction's BEGIN with its first statement.
+      async nested(tx, work) {
+        await driver.queryIn(tx, 'SAVEPOINT nested', []);
+        try {
+          await work(tx);
+        } catch (error) {
+          await tx.query('ROLLBACK TO SAVEPOINT nested');
+          throw error;
+        }
+        await tx.query('RELEASE SAVEPOINT nested');
+      },
+      async close() {
+        await driver.close();
+        await pool.end();
+      },
+    };
+  });
+});
+
 describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   const schema = uniqueName('rs_pg');
   let admin: pg.Client;
@@ -23,7 +50,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   beforeAll(async () => {
     admin = new pg.Client({ connectionString: PG_URL });
     await admin.connect();
-    store = postgresStore({ connectionString: PG_URL, schema });
+    store = postgresStore({ url: PG_URL, schema });
     await store.migrate();
     await admin.query(`CREATE TABLE "${schema}".effect (key text NOT NULL)`);
   });
@@ -35,12 +62,10 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   });
 
   it('rejects bad options naming the option', () => {
-    expect(() => postgresStore({ connectionString: PG_URL, schema: 'a;drop' })).toThrow(/`schema`/);
-    expect(() => postgresStore({} as never)).toThrow(/`pool` or `connectionString`/);
-    expect(() => postgresStore({ connectionString: PG_URL, statementTimeoutMs: 0 })).toThrow(
-      /`statementTimeoutMs`/,
-    );
-    expect(() => postgresStore({ connectionString: PG_URL, connectionCheckIntervalMs: -1 })).toThrow(
+    expect(() => postgresStore({ url: PG_URL, schema: 'a;drop' })).toThrow(/`schema`/);
+    expect(() => postgresStore({} as never)).toThrow(/`pool` or `url`/);
+    expect(() => postgresStore({ url: PG_URL, statementTimeoutMs: 0 })).toThrow(/`statementTimeoutMs`/);
+    expect(() => postgresStore({ url: PG_URL, connectionCheckIntervalMs: -1 })).toThrow(
       /`connectionCheckIntervalMs`/,
     );
   });
@@ -48,7 +73,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   it("its own pool's backends check for a client that died (client_connection_check_interval)", async () => {
     const { rows } = await store.pool.query('SHOW client_connection_check_interval');
     expect(rows[0].client_connection_check_interval).toBe('1s');
-    const off = postgresStore({ connectionString: PG_URL, schema, connectionCheckIntervalMs: 0 });
+    const off = postgresStore({ url: PG_URL, schema, connectionCheckIntervalMs: 0 });
     try {
       expect((await off.pool.query('SHOW client_connection_check_interval')).rows[0]).toEqual({
         client_connection_check_interval: '0',
@@ -59,7 +84,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
   });
 
   it('migrate is idempotent, also when run concurrently', async () => {
-    const other = postgresStore({ connectionString: PG_URL, schema: `${schema}_m`, table: 'keys' });
+    const other = postgresStore({ url: PG_URL, schema: `${schema}_m`, table: 'keys' });
     try {
       await Promise.all([other.migrate(), other.migrate(), other.migrate()]);
       await other.migrate();
@@ -267,7 +292,7 @@ describe.skipIf(!hasPostgres)('postgres store specifics', () => {
     // queue wait past the pool's connect timeout answered 503 (seen under 1,000 duplicates).
     it('a hot key on a small pool: 300 concurrent duplicates replay the one commit', async () => {
       const own = postgresStore({
-        connectionString: PG_URL,
+        url: PG_URL,
         schema,
         maxConnections: 2,
         connectTimeoutMs: 250,
@@ -442,7 +467,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
   });
 
   it('fails every call with a ConfigError naming `retrysafe migrate`, then works once migrated', async () => {
-    const store = postgresStore({ connectionString: PG_URL, schema, maxConnections: 1 });
+    const store = postgresStore({ url: PG_URL, schema, maxConnections: 1 });
     try {
       const calls = [
         () => store.claim(claimInput('k')),
@@ -479,7 +504,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
   });
 
   it("leaves a handler's own missing-table error as it is in atomic mode", async () => {
-    const store = postgresStore({ connectionString: PG_URL, schema, maxConnections: 1 });
+    const store = postgresStore({ url: PG_URL, schema, maxConnections: 1 });
     try {
       await store.migrate();
       await expect(
@@ -495,7 +520,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
   });
 
   it('creates schema, table and index on first use with `migrate: true`', async () => {
-    const store = postgresStore({ connectionString: PG_URL, schema, migrate: true });
+    const store = postgresStore({ url: PG_URL, schema, migrate: true });
     try {
       const claims = await Promise.all([
         store.claim(claimInput('a')),
@@ -519,7 +544,7 @@ describe.skipIf(!hasPostgres)('postgres store without its table', () => {
 
   it('`migrate: true` in atomic mode migrates on the connection it holds (a one-connection pool too)', async () => {
     const own = `${schema}_atomic`;
-    const store = postgresStore({ connectionString: PG_URL, schema: own, migrate: true, maxConnections: 1 });
+    const store = postgresStore({ url: PG_URL, schema: own, migrate: true, maxConnections: 1 });
     try {
       const work = async () => ({ response: textResponse('x'), commit: true });
       expect((await store.atomic(claimInput('a'), work)).outcome).toBe('executed');

@@ -51,7 +51,7 @@ async function openSqlite(filename) {
 
 async function openPostgres(schema) {
   const { postgresStore } = await import('retrysafe/postgres');
-  const store = postgresStore({ connectionString: process.env.PG_URL, schema });
+  const store = postgresStore({ url: process.env.PG_URL, schema });
   await store.migrate();
   const client = new pg.Client({ connectionString: process.env.PG_URL });
   await client.connect();

@@ -302,7 +302,7 @@ export interface RetrysafeModuleAsyncOptions<Tx = RegisteredTx> extends Pick<Mod
  * route is guarded by the module's options; `@Idempotent(options)` overrides them per route or
  * controller, `@Idempotent(false)` leaves one unguarded.
  * @example
- * RetrysafeModule.forRoot({ store: postgresStore({ connectionString }), ttl: '7d' })
+ * RetrysafeModule.forRoot({ store: postgresStore({ url }), ttl: '7d' })
  * RetrysafeModule.forRootAsync({ inject: [ConfigService], useFactory: (config) => ({ store: ... }) })
  */
 // biome-ignore lint/complexity/noStaticOnlyClass: Nest names a dynamic module by its class.

@@ -62,7 +62,7 @@ describe.skipIf(!hasPostgres)('postgres store while the cluster restarts', () =>
   }
 
   beforeAll(async () => {
-    store = postgresStore({ connectionString: PG_URL, schema, connectTimeoutMs: 2000 });
+    store = postgresStore({ url: PG_URL, schema, connectTimeoutMs: 2000 });
     await store.migrate();
   });
 

@@ -4,7 +4,7 @@ import type { StoreUnderTest } from '../conformance/store-suite.js';
 import { PG_URL, uniqueName } from './services.js';
 
 /**
- * A PostgreSQL store in a schema of its own (`connectionString` defaults to the test server), with
+ * A PostgreSQL store in a schema of its own (`url` defaults to the test server), with
  * a table for the atomic-mode tests to write to; `cleanup` drops the schema, then runs `after`.
  */
 export async function postgresUnderTest(
@@ -13,7 +13,7 @@ export async function postgresUnderTest(
 ): Promise<StoreUnderTest> {
   const schema = uniqueName('rs_pg_conf');
   const admin = new pg.Pool({ connectionString: PG_URL, max: 2 });
-  const store = postgresStore({ connectionString: PG_URL, ...options, schema });
+  const store = postgresStore({ url: PG_URL, ...options, schema });
   await store.migrate();
   await admin.query(`CREATE TABLE "${schema}".probe (id serial PRIMARY KEY)`);
   return {

@@ -51,7 +51,7 @@ export const sqlite: StoreFactory = {
 /** A PostgreSQL store in a schema of its own at `url`, dropped by its cleanup. */
 async function openPostgres(url: string, options: Partial<PostgresStoreOptions> = {}) {
   const schema = uniqueName('rs_adapter');
-  const store = postgresStore({ connectionString: url, schema, ...options });
+  const store = postgresStore({ url: url, schema, ...options });
   await store.migrate();
   return { store, cleanup: () => dropSchemas(schema) };
 }

@@ -41,7 +41,7 @@ import { postgresStore } from '../../src/stores/postgres/index.js';
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 function assertType<T extends true>(_: T): void {}
 
-const pg = postgresStore({ connectionString: 'postgres://localhost/test' });
+const pg = postgresStore({ url: 'postgres://localhost/test' });
 type PgTx = PoolClient | undefined;
 type RegisteredTxOrNone = Database.Database | undefined;
 

@@ -12,7 +12,7 @@ import { BOOKS, DEFAULT_INTENT_TTL_MS, MEMBERS } from './catalog.js';
  * (`pooling: 'transaction'`) no statement is prepared: the next transaction may find another session.
  */
 export async function openPostgres({ url, schema, pooling = 'session', setup }) {
-  const store = postgresStore({ connectionString: url, schema, pooling });
+  const store = postgresStore({ url: url, schema, pooling });
   const { pool } = store;
   const s = `"${schema}"`;
   if (setup) {

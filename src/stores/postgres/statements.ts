@@ -7,7 +7,7 @@ export const NOW_MS = '(extract(epoch FROM clock_timestamp()) * 1000)::bigint';
 
 /**
  * The PostgreSQL dialect: the record's statements for one table (`t`, quoted and schema-qualified),
- * run by the `pg` store (prepared, pipelined) and by the SQL store over any driver (an ORM's).
+ * run by the SQL store over any driver: `pg`'s (prepared, pipelined) or an ORM's.
  * The statements that wake waiters (`pg_notify`) answer one row per record they changed, and no
  * `void` column, which some drivers cannot decode.
  */
@@ -16,7 +16,7 @@ export function postgresStatements(t: string) {
   // The bounded claim (atomic mode over a driver) sets its own lock and statement timeouts ($7,
   // $8) before it inserts or locks, and sets them back to the session's defaults ($9, $10: read
   // once, since pg_settings costs a millisecond a read) once it has its row, so the handler's
-  // statements never run under them: one round trip where the `pg` store pipelines three
+  // statements never run under them: one round trip where the `pg` driver pipelines three
   // statements in a simple query, which no ORM can send.
   const BOUNDS = `bounds AS MATERIALIZED (SELECT set_config('lock_timeout', $7, true) AS l,
       set_config('statement_timeout', $8, true) AS s),

@@ -1,5 +1,5 @@
 import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from '../../core/contract/index.js';
-import type { SqlResult, StatementBound } from './driver.js';
+import type { SqlResult, SqlStatement, StatementBound } from './driver.js';
 
 /** One statement in the driver's placeholders, with its values. */
 export interface Statement {
@@ -9,13 +9,17 @@ export interface Statement {
 
 /**
  * Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it,
- * where a driver that can bounds it client side by `bound` (see `SqlDriver.queryIn`).
+ * where a driver that can bounds it client side by `bound` (see `SqlDriver.queryIn`); in a
+ * transaction, with the driver's `pipelineIn` and `prepareIn` on it where the driver has them.
  */
-export type Run = <Row>(
+export type Run = (<Row>(
   text: string,
   values?: readonly unknown[],
   bound?: StatementBound,
-) => Promise<SqlResult<Row>>;
+) => Promise<SqlResult<Row>>) & {
+  pipeline?: (statements: readonly SqlStatement[], timeoutMs: number) => Promise<SqlResult[]>;
+  prepare?: (texts: readonly string[], timeoutMs: number) => Promise<void>;
+};
 
 /**
  * What the SQL store asks of a dialect: its texts (written once per dialect, shared with the
@@ -28,6 +32,8 @@ export interface StoreDialect {
   readonly qualified: string;
   /** What creates the table, for the ConfigError of a store without it. */
   readonly migrateHint: string;
+  /** The channel the statements notify on when a record leaves progress, for a driver that listens. */
+  readonly channel?: string;
   /** Whether the database's error `code` says the table (or a column of this release) is missing. */
   missing(code: string | undefined): boolean;
   /** Creates the table; every statement on `run`, one connection (some share a session). */

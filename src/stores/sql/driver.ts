@@ -69,6 +69,41 @@ export interface SqlDriver<Tx> {
    * when it carries none (a network error).
    */
   errorCode(error: unknown): string | undefined;
+  /*
+   * What only some clients can do (`pg`), used by the store and its dialect when present; an ORM's
+   * driver lacks them, and the store then does the same in more round trips or by polling.
+   */
+  /**
+   * Runs `statements` inside `tx` in one round trip, in order, answering each one's result (the
+   * first round trip of a transaction also carries its BEGIN). `timeoutMs` bounds the wait for
+   * the answer, past the driver's usual bound: a claim may wait that long on a duplicate.
+   */
+  pipelineIn?(tx: Tx, statements: readonly SqlStatement[], timeoutMs: number): Promise<SqlResult[]>;
+  /**
+   * Prepares `texts` on `tx`'s connection, once per connection and before its transaction begins,
+   * so that `pipelineIn` and `commitWith` can run them prepared; each prepare bounded by `timeoutMs`.
+   */
+  prepareIn?(tx: Tx, texts: readonly string[], timeoutMs: number): Promise<void>;
+  /**
+   * Runs one statement inside `tx` and commits `tx` in the same round trip; `transaction()` then
+   * commits nothing more. A statement that fails leaves the transaction open, to be rolled back.
+   */
+  commitWith?<Row = Record<string, unknown>>(
+    tx: Tx,
+    sql: string,
+    params: readonly unknown[],
+  ): Promise<SqlResult<Row>>;
+  /**
+   * Calls `wake` with the payload of each notification on `channel` (PostgreSQL's LISTEN), from
+   * the first call on; a wait polls meanwhile and whenever the listening connection is down.
+   */
+  listen?(channel: string, wake: (payload: string) => void): void;
+}
+
+/** One statement of {@link SqlDriver.pipelineIn}: its text, with its values if it takes any. */
+export interface SqlStatement {
+  text: string;
+  values?: readonly unknown[];
 }
 
 /**

@@ -98,7 +98,7 @@ class RollBack {
  * before the answer is saved: the call fails with {@link TransactionEndedError}, and the key keeps
  * a 500 answer so no retry runs the committed writes again.
  *
- * Waits poll the record (with in-process wakes); a driver gives no `LISTEN`.
+ * Waits poll the record (with in-process wakes), and listen where the driver can (`pg`'s LISTEN).
  *
  * @example
  * ```ts
@@ -124,6 +124,14 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   let migrating: Promise<void> | undefined;
 
   const query = <Row>({ text, values }: Statement) => driver.query<Row>(text, values);
+
+  /** Runs statements in `tx`, with what the driver can do beyond one statement a round trip. */
+  function runIn(tx: Tx): Run {
+    const run: Run = (text, values = [], bound) => driver.queryIn(tx, text, values, bound);
+    if (driver.pipelineIn) run.pipeline = (statements, ms) => driver.pipelineIn!(tx, statements, ms);
+    if (driver.prepareIn) run.prepare = (texts, ms) => driver.prepareIn!(tx, texts, ms);
+    return run;
+  }
 
   async function migrate(): Promise<void> {
     await driver.transaction((tx) =>
@@ -188,7 +196,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       for (let attempt = 1; ; attempt++) {
         try {
           const committed = await driver.transaction(async (tx) => {
-            const run: Run = (text, values = [], bound) => driver.queryIn(tx, text, values, bound);
+            const run = runIn(tx);
             const claimed = await beforeWork(() => dialect.boundedClaim(run, claim, waitMs, timeoutMs));
             if (!claimed) throw new ClaimAgain();
             if (claimed.outcome !== 'acquired') throw new RollBack(claimed);
@@ -205,8 +213,12 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
               if (await dialect.ended(run)) throw new Ended(undefined);
               throw new RollBack({ outcome: 'executed', response: result.response, committed: false });
             }
+            // Saved and committed in one round trip where the driver can.
+            const finish: Run = driver.commitWith
+              ? (text, values = []) => driver.commitWith!(tx, text, values)
+              : run;
             const lost = await dialect.atomicComplete(
-              run,
+              finish,
               input.scope,
               input.key,
               claimed.token,
@@ -301,6 +313,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     },
 
     async wait(scope, key, timeoutMs) {
+      if (dialect.channel) driver.listen?.(dialect.channel, (id) => waiters.wake(id));
       await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
         const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
         return rows[0] ? Number(rows[0].lease_left_ms) : null;

@@ -1,10 +1,10 @@
 import { createHash } from 'node:crypto';
-import type { StoredResponse } from '../../../core/contract/index.js';
+import type { ClaimInput, StoredResponse } from '../../../core/contract/index.js';
 import { BLOCKED_RETRY_AFTER_MS } from '../../in-flight.js';
 import { toBuffer } from '../../internal.js';
 import { identifier, migrateIn } from '../../postgres/migrate.js';
 import { claimRecord, postgresStatements } from '../../postgres/statements.js';
-import type { StoreDialect } from '../dialect.js';
+import type { Run, StoreDialect } from '../dialect.js';
 import type { SqlDriver } from '../driver.js';
 
 const LOCK_NOT_AVAILABLE = '55P03';
@@ -14,12 +14,12 @@ const INVALID_SCHEMA_NAME = '3F000';
 const DIVISION_BY_ZERO = '22012';
 
 /**
- * The PostgreSQL dialect of the SQL store: the `pg` store's statements (postgres/statements.ts),
- * whose changes notify on the channel the `pg` store listens on for this table, so its waiters
- * wake on ours too.
+ * The PostgreSQL dialect of the SQL store: the statements of postgres/statements.ts, whose
+ * changes notify on the table's channel, so a store whose driver listens (`pg`) wakes its waiters
+ * on any store's changes, an ORM's included.
  */
 export function postgresDialect(
-  driver: Pick<SqlDriver<unknown>, 'errorCode' | 'query'>,
+  driver: Pick<SqlDriver<unknown>, 'errorCode' | 'query' | 'pipelineIn'>,
   options: { schema?: string; table?: string },
 ): StoreDialect {
   const schema = identifier('schema', options.schema ?? 'public');
@@ -42,8 +42,42 @@ export function postgresDialect(
   let resets: Promise<string[]> | undefined;
   let reset: string[] | undefined;
 
+  /**
+   * The claim over a driver that pipelines (`pg`), as one round trip: the first also opens the
+   * transaction and takes the table's lock under `timeoutMs` alone, so that a locked table is never
+   * mistaken for a duplicate; then the claim under its two bounds (a duplicate blocks on the
+   * primary key for `waitMs`, then lock_timeout says in_progress), set back before the handler's
+   * statements. Its statements run prepared where the driver prepares (once per connection).
+   */
+  async function pipelinedClaim(run: Run, input: ClaimInput, waitMs: number, timeoutMs: number) {
+    const pipeline = run.pipeline!;
+    await run.prepare?.([sql.CLAIM, sql.TAKE_OVER, sql.ATOMIC_COMPLETE], timeoutMs);
+    let first = true;
+    return claimRecord(async (take, values) => {
+      const statements = [
+        ...(first
+          ? [
+              'SET LOCAL lock_timeout = 0',
+              `SET LOCAL statement_timeout = ${timeoutMs}`,
+              `LOCK TABLE ${qualified} IN ROW EXCLUSIVE MODE`,
+            ]
+          : []),
+        `SET LOCAL lock_timeout = ${waitMs}`,
+        `SET LOCAL statement_timeout = ${waitMs + timeoutMs}`,
+        { text: take ? sql.TAKE_OVER : sql.CLAIM, values },
+        'SET LOCAL lock_timeout TO DEFAULT',
+        'SET LOCAL statement_timeout TO DEFAULT',
+      ].map((statement) => (typeof statement === 'string' ? { text: statement } : statement));
+      first = false;
+      const results = await pipeline(statements, waitMs + timeoutMs);
+      return results[results.length - 3]!;
+    }, input);
+  }
+
   return {
+    channel,
     async beforeAtomic() {
+      if (driver.pipelineIn) return;
       resets ??= driver.query<{ name: string; reset_val: string }>(sql.SESSION_TIMEOUTS, []).then(
         ({ rows }) =>
           ['lock_timeout', 'statement_timeout'].map(
@@ -65,9 +99,10 @@ export function postgresDialect(
     async boundedClaim(run, input, waitMs, timeoutMs) {
       // The claim's own statement sets its lock and statement timeouts and sets them back to the
       // session's (read by beforeAtomic, which the store runs first).
-      if (!reset) throw new Error('postgresDialect: boundedClaim before beforeAtomic');
-      const bounds = [String(waitMs), String(waitMs + timeoutMs), ...reset];
       try {
+        if (run.pipeline) return await pipelinedClaim(run, input, waitMs, timeoutMs);
+        if (!reset) throw new Error('postgresDialect: boundedClaim before beforeAtomic');
+        const bounds = [String(waitMs), String(waitMs + timeoutMs), ...reset];
         return await claimRecord(
           (take, values) => run(take ? sql.BOUNDED_TAKE_OVER : sql.BOUNDED_CLAIM, [...values, ...bounds]),
           input,
