@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import { copyFileSync, cpSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
@@ -10,12 +10,10 @@ import { hasRedis, REDIS_URL } from './support/services.js';
 /**
  * The Web-standard quick starts as a user runs them, each in a fresh project: the packed tarball
  * and what the quick start needs from the npm registry (`bun` and `deno`, whose binaries ship in
- * platform packages; `next` with its SWC binary, react, react-dom); the driver (ioredis) linked
- * from this repository's node_modules. Installs prefer npm's cache, so only a first run downloads.
+ * platform packages); the driver (ioredis) linked from this repository's node_modules (Next.js:
+ * test/examples.nextjs.test.ts). Installs prefer npm's cache, so only a first run downloads.
  */
 const root = join(import.meta.dirname, '..');
-// Inherited by `next build` and `next start`: no telemetry to send from a test.
-process.env.NEXT_TELEMETRY_DISABLED = '1';
 const work = mkdtempSync(join(tmpdir(), 'retrysafe-web-'));
 const RUNTIMES = {
   bun: ['node_modules/.bin/bun', 'bun.js'],
@@ -72,21 +70,3 @@ describe.each(Object.entries(RUNTIMES))(
     );
   },
 );
-
-describe('the Next.js 16 quick start (examples/nextjs, an App Router route handler)', () => {
-  let next: string;
-  beforeAll(() => {
-    next = project('nextjs', ['next@16', 'react', 'react-dom']);
-    cpSync(join(root, 'examples/nextjs/app'), join(next, 'app'), { recursive: true });
-    run(join(next, 'node_modules/.bin/next'), ['build'], next, 240_000);
-  }, 480_000);
-
-  it('next start: 400 without a key, then a replay', { timeout: 60_000 }, async () => {
-    await serveOneReplay({
-      command: join(next, 'node_modules/.bin/next'),
-      args: ['start', '-H', '127.0.0.1'],
-      cwd: next,
-      ready: /Ready in/,
-    });
-  });
-});
