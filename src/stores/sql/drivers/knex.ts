@@ -3,6 +3,7 @@ import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
 import { knexPlaceholders } from './knex-placeholders.js';
+import { mysqlResultOf } from './results.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
@@ -17,15 +18,9 @@ async function runPostgres<Row>(on: Knex, sql: string, params: readonly unknown[
   return { rows: result.rows ?? [], affected: changed ? (result.rowCount ?? 0) : 0 };
 }
 
-/**
- * On mysql2, Knex answers a raw statement with mysql2's `[rows, fields]`: the rows of a SELECT,
- * or a `ResultSetHeader` whose `affectedRows` counts the rows a write matched (mysql2 asks the
- * server for found rows, so an UPDATE that sets a value it already had still counts).
- */
+/** On mysql2, Knex answers a raw statement with mysql2's `[rows, fields]`. */
 async function runMysql<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
-  const [result] = (await on.raw(sql, params as Knex.RawBinding[])) as [Row[] | { affectedRows?: number }];
-  if (Array.isArray(result)) return { rows: result, affected: 0 };
-  return { rows: [], affected: Number(result.affectedRows ?? 0) };
+  return mysqlResultOf(await on.raw(sql, params as Knex.RawBinding[]));
 }
 
 /** The clients of Knex's that retrysafe speaks to, by the driver they run on. */
@@ -33,6 +28,16 @@ const DIALECTS: Record<string, { dialect: SqlDialect; run: typeof runPostgres }>
   pg: { dialect: 'postgres', run: runPostgres },
   mysql2: { dialect: 'mysql', run: runMysql },
 };
+
+/**
+ * How retrysafe's statements run on `knex` (or on a transaction of it): its dialect and a runner,
+ * by the client Knex runs on; `undefined` for a client retrysafe does not speak to. Shared with
+ * the ORMs built on Knex (MikroORM).
+ */
+export function knexStatements(knex: Knex): (typeof DIALECTS)[string] | undefined {
+  const driverName = String(knex.client.driverName);
+  return Object.hasOwn(DIALECTS, driverName) ? DIALECTS[driverName] : undefined;
+}
 
 /**
  * A SQL driver over a Knex instance (PostgreSQL on `pg`, MySQL or MariaDB on `mysql2`): retrysafe's statements run as `raw` ones, and
@@ -43,11 +48,10 @@ const DIALECTS: Record<string, { dialect: SqlDialect; run: typeof runPostgres }>
  * const store = sqlStore(knexDriver(knex), { migrate: true });
  */
 export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
-  const driverName = String(knex.client.driverName);
-  const found = Object.hasOwn(DIALECTS, driverName) ? DIALECTS[driverName] : undefined;
+  const found = knexStatements(knex);
   if (!found) {
     throw new ConfigError(
-      `knexDriver: Knex runs on ${driverName}; retrysafe's Knex driver runs on pg (PostgreSQL) and mysql2 (MySQL, MariaDB)`,
+      `knexDriver: Knex runs on ${String(knex.client.driverName)}; retrysafe's Knex driver runs on pg (PostgreSQL) and mysql2 (MySQL, MariaDB)`,
     );
   }
   const { dialect, run } = found;
