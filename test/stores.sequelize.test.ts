@@ -21,6 +21,9 @@ describe.skipIf(!hasPostgres)('sequelize', () => {
   it('refuses a Sequelize on another database, naming its dialect', () => {
     const mssql = { getDialect: () => 'mssql' } as unknown as Sequelize;
     expect(() => sequelizeDriver(mssql)).toThrow(/dialect is mssql/);
-    expect(() => sequelizeStore({} as never)).toThrow(/give a Sequelize 6 instance/);
+    // The `mariadb` dialect's client is not mysql2: MariaDB is reached with `mysql`.
+    const mariadb = { getDialect: () => 'mariadb' } as unknown as Sequelize;
+    expect(() => sequelizeDriver(mariadb)).toThrow(/mysql \(mysql2, for MariaDB too\)/);
+    expect(() => sequelizeStore({} as never)).toThrow(/give a Sequelize 6 instance of dialect/);
   });
 });

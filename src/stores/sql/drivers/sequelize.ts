@@ -19,7 +19,11 @@ interface OpenTransaction {
   finished?: string;
 }
 
-const DIALECTS: Record<string, SqlDialect> = { postgres: 'postgres', mysql: 'mysql', mariadb: 'mysql' };
+/**
+ * Sequelize's dialects the driver speaks to, by their client: node-postgres, and mysql2 (for
+ * MySQL and MariaDB alike; Sequelize's `mariadb` dialect runs on the `mariadb` client instead).
+ */
+const DIALECTS: Record<string, SqlDialect> = { postgres: 'postgres', mysql: 'mysql' };
 
 /** Bytes as node-postgres and mysql2 take them: a `Buffer` (mysql2 would write a bare `Uint8Array` as an object). */
 const asDriverValue = (value: unknown) =>
@@ -46,7 +50,7 @@ function runOn<Row>(
 }
 
 /**
- * A SQL driver over a Sequelize 6 instance (`postgres`; `mysql` or `mariadb` on mysql2): an
+ * A SQL driver over a Sequelize 6 instance (`postgres`; `mysql`, on mysql2, for MySQL or MariaDB): an
  * operation's transaction is a managed `sequelize.transaction()`, whose `Transaction` the handler
  * gets as `ctx.tx` and passes as `{ transaction: ctx.tx }`; a
  * `sequelize.transaction({ transaction: ctx.tx }, …)` it opens nests as a savepoint, the Sequelize
@@ -62,7 +66,7 @@ export function sequelizeDriver(sequelize: Sequelize): SqlDriver<Transaction> {
   const dialect = name !== undefined && Object.hasOwn(DIALECTS, name) ? DIALECTS[name] : undefined;
   if (!dialect) {
     throw new ConfigError(
-      `sequelizeStore: give a Sequelize 6 instance on postgres, mysql or mariadb${name ? ` (this one's dialect is ${name})` : ''}`,
+      `sequelizeStore: give a Sequelize 6 instance of dialect postgres or mysql (mysql2, for MariaDB too)${name ? `; this one's dialect is ${name}` : ''}`,
     );
   }
   const { connectionManager } = sequelize;
