@@ -21,12 +21,21 @@ export interface StoreDialect {
   readonly qualified: string;
   /** What creates the table, for the ConfigError of a store without it. */
   readonly migrateHint: string;
-  /** Whether the database's error `code` says the table (or a column of this release) is missing. */
-  missing(code: string | undefined): boolean;
+  /**
+   * Whether the database's error `code` (or, where the code is too broad, as SQLite's
+   * `SQLITE_ERROR` is, the `error` itself) says the table (or a column of this release) is missing.
+   */
+  missing(code: string | undefined, error: unknown): boolean;
   /** Creates the table; every statement on `run`, one connection (some share a session). */
   migrate(run: Run): Promise<void>;
   /** A lease-mode claim, in autocommit. */
   claim(run: Run, input: ClaimInput): Promise<ClaimResult>;
+  /**
+   * Answers a retry of a completed record by a read in autocommit, before atomic mode opens its
+   * transaction (SQLite's takes the write lock, which a replay does not need); `undefined` goes on
+   * to the transaction.
+   */
+  settled?(run: Run, input: ClaimInput): Promise<Exclude<ClaimResult, { outcome: 'acquired' }> | undefined>;
   /**
    * Runs before each atomic call opens its transaction, outside it (what a dialect reads once per
    * store on a connection of its own, which a one-connection pool could not give inside it).

@@ -45,6 +45,11 @@ export interface SqlDriver<Tx> {
    * when it carries none (a network error).
    */
   errorCode(error: unknown): string | undefined;
+  /**
+   * SQLite: the clock records are stamped and judged by, in ms since the epoch (the database runs
+   * in this process and has no clock of its own in ms). Absent: `Date.now`.
+   */
+  now?(): number;
 }
 
 /**

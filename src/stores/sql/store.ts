@@ -31,6 +31,7 @@ import { Ended, TRANSACTION_ENDED_RESPONSE, transactionEnded } from '../transact
 import { changedOne, type Run, type Statement, type StoreDialect } from './dialect.js';
 import { mysqlDialect } from './dialects/mysql.js';
 import { postgresDialect } from './dialects/postgres.js';
+import { sqliteDialect } from './dialects/sqlite.js';
 import type { SqlDriver } from './driver.js';
 
 export type { SqlDialect, SqlDriver, SqlResult } from './driver.js';
@@ -123,6 +124,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   const deduplicated = atomicInFlight();
   let migrating: Promise<void> | undefined;
 
+  const autocommit: Run = (text, values = []) => driver.query(text, values);
   const query = <Row>({ text, values }: Statement) => driver.query<Row>(text, values);
 
   async function migrate(): Promise<void> {
@@ -145,7 +147,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
       // application's own is the application's error.
       if (transaction && !(thrown instanceof BeforeWork)) throw thrown;
       const error = thrown instanceof BeforeWork ? thrown.cause : thrown;
-      if (!dialect.missing(driver.errorCode(error))) throw error;
+      if (!dialect.missing(driver.errorCode(error), error)) throw error;
       if (!options.migrate) {
         throw new ConfigError(
           `${owner}: the table ${qualified} does not exist. Create it with store.migrate(), ${dialect.migrateHint} (or your migration tool with the SQL of \`retrysafe migrate --print\`), or pass \`migrate: true\``,
@@ -182,6 +184,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
     let token: string | undefined;
+    if (dialect.settled) {
+      const settled = await beforeWork(() => dialect.settled!(autocommit, input));
+      if (settled) return settled;
+    }
     await dialect.beforeAtomic?.();
     try {
       for (let attempt = 1; ; attempt++) {
@@ -270,7 +276,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     migrate,
 
     claim(input) {
-      return own(() => dialect.claim((text, values = []) => driver.query(text, values), input));
+      return own(() => dialect.claim(autocommit, input));
     },
 
     complete,
@@ -357,10 +363,15 @@ function dialectOf(owner: string, driver: SqlDriver<unknown>, options: SqlStoreO
         );
       }
       return mysqlDialect(driver, options);
+    case 'sqlite':
+      if (options.schema !== undefined) {
+        throw new ConfigError(
+          `${owner}: \`schema\` is PostgreSQL's; a SQLite database holds the table itself`,
+        );
+      }
+      return sqliteDialect(driver, options);
     default:
-      throw new ConfigError(
-        `${owner}: the ${driver.dialect} dialect has no SQL store over a driver yet; use retrysafe/sqlite`,
-      );
+      throw new ConfigError(`${owner}: no SQL dialect ${JSON.stringify(driver.dialect)}`);
   }
 }
 

@@ -28,13 +28,10 @@ import {
   newToken,
   pacedDeletes,
   purgeInBatches,
-  RESPONSE_COLUMNS,
   type ResponseRow,
   recordId,
   requirePositiveInteger,
-  SUMMARY_COLUMNS,
   type SummaryRow,
-  stepsOf,
   summaryOf,
   Waiters,
 } from '../internal.js';
@@ -52,6 +49,18 @@ import {
   type Statement,
 } from './driver.js';
 import { addStepColumns, sqliteMigrationSql, tableName } from './migrate.js';
+import { SerialQueue } from './sql-driver.js';
+import {
+  acquiredOf,
+  claimParameters,
+  completedOf,
+  listParameters,
+  listShape,
+  type RecordRow,
+  type Settled,
+  settledOf,
+  sqliteStatements,
+} from './statements.js';
 
 export type {
   NodeSqliteDatabase,
@@ -165,42 +174,6 @@ const SQLITE_PURGE_STATEMENT_MS = 1;
  */
 const MAX_LOCK_RETRY_MS = 25;
 
-interface RecordRow {
-  fingerprint: string;
-  lease_until_ms: number;
-  expires_at_ms: number;
-  completed_at_ms: number | null;
-  status: number | null;
-  headers: string | null;
-  body: Uint8Array | null;
-}
-
-/** A claim that found a record it could not take. */
-type Settled = Exclude<ClaimResult, { outcome: 'acquired' }>;
-
-type LeaseRow = Pick<RecordRow, 'lease_until_ms' | 'completed_at_ms'>;
-
-/** Runs functions one after another, each after the previous one's promise settles. */
-class SerialQueue {
-  #tail: Promise<unknown> = Promise.resolve();
-  #pending = 0;
-
-  /** Nothing queued or running: a turn through the queue would find it empty. */
-  get idle(): boolean {
-    return this.#pending === 0;
-  }
-
-  run<T>(fn: () => T | Promise<T>): Promise<T> {
-    this.#pending++;
-    const result = this.#tail.then(fn);
-    this.#tail = result.then(
-      () => void this.#pending--,
-      () => void this.#pending--,
-    );
-    return result;
-  }
-}
-
 /** An open transaction of this store; operations started inside it use its own queue. */
 interface Frame {
   open: boolean;
@@ -296,89 +269,26 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   db.exec(sqliteMigrationSql({ table }).join(';\n'));
   addStepColumns(db, table);
 
-  // A row takes a new claim when its retention has passed (a new operation), or when it is in
-  // progress with a passed lease and the same fingerprint (a retry taking over a dead owner). A
-  // takeover goes on with the same operation: its created_at_ms and retention stay the first
-  // claim's (so one that keeps failing still ends), never expiring inside the new lease.
-  // Positional parameters: binding them costs a fraction of looking up named ones in an object.
-  const claimStatement = db.prepare(`
-    INSERT INTO ${t} (scope, key, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms)
-    VALUES (?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (scope, key) DO UPDATE SET
-      fingerprint = excluded.fingerprint, token = excluded.token,
-      lease_until_ms = excluded.lease_until_ms,
-      created_at_ms = CASE WHEN ${t}.expires_at_ms <= ? THEN excluded.created_at_ms ELSE ${t}.created_at_ms END,
-      expires_at_ms = CASE WHEN ${t}.expires_at_ms <= ? THEN excluded.expires_at_ms
-        ELSE max(${t}.expires_at_ms, excluded.lease_until_ms) END,
-      completed_at_ms = NULL, status = NULL, headers = NULL, body = NULL,
-      steps = CASE WHEN ${t}.expires_at_ms <= ? THEN NULL ELSE ${t}.steps END,
-      request = CASE WHEN ${t}.expires_at_ms <= ? THEN NULL ELSE ${t}.request END
-    WHERE ${t}.expires_at_ms <= ?
-      OR (${t}.completed_at_ms IS NULL AND ${t}.lease_until_ms <= ?
-          AND ${t}.fingerprint = excluded.fingerprint)
-    RETURNING token, steps`);
-  const selectRecord = db.prepare(
-    `SELECT fingerprint, lease_until_ms, expires_at_ms, completed_at_ms, status, headers, body FROM ${t} WHERE scope = ? AND key = ?`,
-  );
-  const selectOwner = db.prepare(
-    `SELECT token FROM ${t} WHERE scope = ? AND key = ? AND completed_at_ms IS NULL AND expires_at_ms > ?`,
-  );
-  const selectLease = db.prepare(
-    `SELECT lease_until_ms, completed_at_ms FROM ${t} WHERE scope = ? AND key = ?`,
-  );
-  // Fenced by the token: a request whose lease was taken over matches no row.
-  // The saved request goes: a completed operation needs no completer.
-  const completeStatement = db.prepare(`
-    UPDATE ${t} SET completed_at_ms = ?, status = ?, headers = ?, body = ?, request = NULL
-    WHERE scope = ? AND key = ? AND token = ?
-      AND completed_at_ms IS NULL AND expires_at_ms > ?`);
-  const saveStepStatement = db.prepare(`
-    UPDATE ${t} SET steps = json_insert(coalesce(steps, '[]'), '$[#]', json_object('name', ?, 'value', ?)),
-      request = coalesce(?, request)
-    WHERE scope = ? AND key = ? AND token = ?
-      AND completed_at_ms IS NULL AND expires_at_ms > ?`);
-  const abandonedStatement = db.prepare(`
-    SELECT scope, key, fingerprint, request, lease_until_ms FROM ${t}
-    WHERE request IS NOT NULL AND completed_at_ms IS NULL AND lease_until_ms <= ? AND expires_at_ms > ?
-    ORDER BY lease_until_ms LIMIT ?`);
-  const releaseStatement = db.prepare(`
-    DELETE FROM ${t}
-    WHERE scope = @scope AND key = @key AND token = @token
-      AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
-  // Retention grows with the lease when the lease would outlive it: a record outlives its lease.
-  const renewStatement = db.prepare(`
-    UPDATE ${t} SET lease_until_ms = @leaseUntilMs, expires_at_ms = max(expires_at_ms, @leaseUntilMs)
-    WHERE scope = @scope AND key = @key AND token = @token
-      AND completed_at_ms IS NULL AND expires_at_ms > @nowMs`);
-  // A record never expires before its lease passes (the claim's `retainMs` covers the lease, and
-  // renewals extend it), so this spares live leases.
-  const purgeStatement = db.prepare(`
-    DELETE FROM ${t} WHERE rowid IN (
-      SELECT rowid FROM ${t} WHERE expires_at_ms <= @nowMs LIMIT @batchSize)`);
-
-  const selectSummary = db.prepare(
-    `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
-  );
-  const selectWithResponse = db.prepare(
-    `SELECT ${SUMMARY_COLUMNS}, ${RESPONSE_COLUMNS} FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`,
-  );
-  const deleteStatement = db.prepare(`DELETE FROM ${t} WHERE scope = ? AND key = ? AND expires_at_ms > ?`);
-  // One statement per shape, each a range scan of the primary key, so a deep page costs no more
-  // than the first.
+  const sql = sqliteStatements(t);
+  const claimStatement = db.prepare(sql.CLAIM);
+  const selectRecord = db.prepare(sql.RECORD);
+  const selectOwner = db.prepare(sql.OWNER);
+  const selectLeaseLeft = db.prepare(sql.LEASE_LEFT);
+  const completeStatement = db.prepare(sql.COMPLETE);
+  const saveStepStatement = db.prepare(sql.SAVE_STEP);
+  const abandonedStatement = db.prepare(sql.ABANDONED);
+  const releaseStatement = db.prepare(sql.RELEASE);
+  const renewStatement = db.prepare(sql.RENEW);
+  const purgeStatement = db.prepare(sql.PURGE);
+  const selectSummary = db.prepare(sql.GET);
+  const selectWithResponse = db.prepare(sql.GET_WITH_RESPONSE);
+  const deleteStatement = db.prepare(sql.DELETE);
   const listStatements = new Map<string, Statement>();
-  // Within one scope `key > ?` rather than the row value: SQLite's planner then ranges over both
-  // columns of the key instead of scanning the scope from its start.
   function listStatement(byScope: boolean, after: 'none' | 'key' | 'row') {
     const shape = `${byScope}:${after}`;
     let statement = listStatements.get(shape);
     if (!statement) {
-      const where = ['expires_at_ms > @nowMs'];
-      if (byScope) where.push('scope = @scope');
-      if (after === 'key') where.push('key > @afterKey');
-      if (after === 'row') where.push('(scope, key) > (@afterScope, @afterKey)');
-      statement = db.prepare(
-        `SELECT ${SUMMARY_COLUMNS} FROM ${t} WHERE ${where.join(' AND ')} ORDER BY scope, key LIMIT @limit`,
-      );
+      statement = db.prepare(sql.list(byScope, after));
       listStatements.set(shape, statement);
     }
     return statement;
@@ -389,27 +299,13 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   function claimIn(input: ClaimInput): ClaimResult {
     const nowMs = now();
     const token = newToken();
-    const inserted = claimStatement.get(
-      input.scope,
-      input.key,
-      input.fingerprint,
-      token,
-      nowMs + input.leaseMs,
-      nowMs,
-      nowMs + input.retainMs,
-      nowMs,
-      nowMs,
-      nowMs,
-      nowMs,
-      nowMs,
-      nowMs,
-    ) as { token: string; steps: string | null } | undefined;
-    if (inserted?.token === token) {
-      return inserted.steps === null
-        ? { outcome: 'acquired', token }
-        : { outcome: 'acquired', token, steps: stepsOf(inserted.steps) };
-    }
-    return existing(selectRecord.get(input.scope, input.key) as RecordRow, input, nowMs);
+    const inserted = claimStatement.get(...claimParameters(input, token, nowMs)) as
+      | { token: string; steps: string | null }
+      | undefined;
+    return (
+      acquiredOf(inserted, token) ??
+      settledOf(selectRecord.get(input.scope, input.key) as RecordRow, input, nowMs)
+    );
   }
 
   /** `fn` in a savepoint of the transaction open on the connection (the application's own). */
@@ -426,30 +322,11 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
     }
   }
 
-  function existing(row: RecordRow, input: ClaimInput, nowMs: number): Settled {
-    if (row.fingerprint !== input.fingerprint) return { outcome: 'mismatch' };
-    if (row.completed_at_ms === null) {
-      return { outcome: 'in_progress', retryAfterMs: Math.max(1, row.lease_until_ms - nowMs) };
-    }
-    const body = row.body!;
-    return {
-      outcome: 'replay',
-      response: {
-        status: row.status!,
-        headers: JSON.parse(row.headers!) as Record<string, string>,
-        body: new Uint8Array(body.buffer, body.byteOffset, body.byteLength),
-      },
-    };
-  }
-
   // A completed record never changes until it expires, so answering a retry of it needs no write
   // lock. Only outside a transaction: inside one, the read could see a record not committed yet.
   function completedNow(input: ClaimInput): Settled | undefined {
     if (db.inTransaction()) return undefined;
-    const nowMs = now();
-    const row = selectRecord.get(input.scope, input.key) as RecordRow | undefined;
-    if (!row || row.completed_at_ms === null || row.expires_at_ms <= nowMs) return undefined;
-    return existing(row, input, nowMs);
+    return completedOf(selectRecord.get(input.scope, input.key) as RecordRow | undefined, input, now());
   }
 
   /** When a call taking the write lock gives up on it: after the busy timeout or `timeoutMs`. */
@@ -728,9 +605,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
   }
 
   async function release(scope: string, key: string, token: string) {
-    const done = await exclusive(
-      () => releaseStatement.run({ scope, key, token, nowMs: now() }).changes === 1,
-    );
+    const done = await exclusive(() => releaseStatement.run(scope, key, token, now()).changes === 1);
     if (done) waiters.wake(recordId(scope, key));
     return done;
   }
@@ -743,9 +618,8 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
         deadlineMs,
         withoutBusyWait(() => {
           const nowMs = now();
-          return (
-            renewStatement.run({ scope, key, token, nowMs, leaseUntilMs: nowMs + leaseMs }).changes === 1
-          );
+          const leaseUntilMs = nowMs + leaseMs;
+          return renewStatement.run(leaseUntilMs, leaseUntilMs, scope, key, token, nowMs).changes === 1;
         }),
       ),
     );
@@ -762,10 +636,11 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
         if (closed) return null;
         // An atomic original of this process may still be queued: no row yet, but in progress.
         if (holding.has(id)) return Number.POSITIVE_INFINITY;
-        const row = selectLease.get(scope, key) as LeaseRow | undefined;
-        if (!row || row.completed_at_ms !== null) return null;
-        const leaseLeftMs = row.lease_until_ms - now();
-        return leaseLeftMs > 0 ? leaseLeftMs : null;
+        const nowMs = now();
+        const row = selectLeaseLeft.get(nowMs, scope, key, nowMs, nowMs) as
+          | { lease_left_ms: number }
+          | undefined;
+        return row ? row.lease_left_ms : null;
       },
       polls,
     );
@@ -778,8 +653,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       // A batch holds the event loop and the write lock: the rests leave requests half of both.
       const deleteBatch = pacedDeletes(
         SQLITE_PURGE_STATEMENT_MS,
-        async (limit) =>
-          (await exclusive(() => purgeStatement.run({ nowMs: now(), batchSize: limit }))).changes,
+        async (limit) => (await exclusive(() => purgeStatement.run(now(), limit))).changes,
       );
       return await purgeInBatches(
         batchSize,
@@ -793,13 +667,10 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
 
   async function list(options: ListKeysOptions = {}): Promise<KeyPage> {
     const { limit, scope, after } = listRequest('sqliteStore.list', options, 2);
-    const position = !after ? 'none' : scope !== undefined && after[0] === scope ? 'key' : 'row';
-    // Only the parameters the statement names: node:sqlite refuses unknown and undefined ones.
-    const parameters: Record<string, unknown> = { nowMs: now(), limit: limit + 1 };
-    if (scope !== undefined) parameters.scope = scope;
-    if (position !== 'none') parameters.afterKey = after![1];
-    if (position === 'row') parameters.afterScope = after![0];
-    const rows = listStatement(scope !== undefined, position).all(parameters) as SummaryRow[];
+    const shape = listShape(scope, after);
+    const rows = listStatement(scope !== undefined, shape).all(
+      ...listParameters(now(), limit, scope, shape, after),
+    ) as SummaryRow[];
     return keysetPage(rows.map(summaryOf), limit);
   }
 

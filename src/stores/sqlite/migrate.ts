@@ -32,14 +32,25 @@ export function sqliteMigrationSql(options: { table?: string } = {}): string[] {
 /** The step columns, added to a table created before steps existed. */
 const STEP_COLUMNS = ['steps', 'request'] as const;
 
+/** The columns of `table`, as rows with a `name` (for {@link stepColumnsSql}). */
+export const tableColumnsSql = (table: string) => `SELECT name FROM pragma_table_info('${table}')`;
+
+/**
+ * `ALTER TABLE` for the step columns a table made by an older release lacks (`columns`, what
+ * {@link tableColumnsSql} read), and the index over them.
+ */
+export function stepColumnsSql(table: string, columns: readonly { name: string }[]): string[] {
+  const have = new Set(columns.map((column) => column.name));
+  return [
+    ...STEP_COLUMNS.filter((column) => !have.has(column)).map(
+      (column) => `ALTER TABLE "${table}" ADD COLUMN ${column} TEXT`,
+    ),
+    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON "${table}" (lease_until_ms) WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
+  ];
+}
+
 /** `ALTER TABLE` for the step columns a table made by an older release lacks. */
 export function addStepColumns(db: Driver, table: string): void {
-  const info = db.prepare(`SELECT name FROM pragma_table_info('${table}')`).all() as { name: string }[];
-  const columns = new Set(info.map((column) => column.name));
-  for (const column of STEP_COLUMNS) {
-    if (!columns.has(column)) db.exec(`ALTER TABLE "${table}" ADD COLUMN ${column} TEXT`);
-  }
-  db.exec(
-    `CREATE INDEX IF NOT EXISTS "${table}_abandoned" ON "${table}" (lease_until_ms) WHERE request IS NOT NULL AND completed_at_ms IS NULL`,
-  );
+  const columns = db.prepare(tableColumnsSql(table)).all() as { name: string }[];
+  for (const statement of stepColumnsSql(table, columns)) db.exec(statement);
 }
