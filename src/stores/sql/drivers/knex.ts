@@ -23,10 +23,21 @@ async function runMysql<Row>(on: Knex, sql: string, params: readonly unknown[]):
   return mysqlResultOf(await on.raw(sql, params as Knex.RawBinding[]));
 }
 
+/**
+ * On better-sqlite3, Knex answers a raw statement that returns rows (a SELECT, a RETURNING) with
+ * them, and any other with better-sqlite3's `{ changes }`.
+ */
+async function runSqlite<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
+  const result = (await on.raw(sql, params as Knex.RawBinding[])) as Row[] | { changes?: number };
+  if (Array.isArray(result)) return { rows: result, affected: 0 };
+  return { rows: [], affected: Number(result.changes ?? 0) };
+}
+
 /** The clients of Knex's that retrysafe speaks to, by the driver they run on. */
 const DIALECTS: Record<string, { dialect: SqlDialect; run: typeof runPostgres }> = {
   pg: { dialect: 'postgres', run: runPostgres },
   mysql2: { dialect: 'mysql', run: runMysql },
+  'better-sqlite3': { dialect: 'sqlite', run: runSqlite },
 };
 
 /**
@@ -40,7 +51,8 @@ export function knexStatements(knex: Knex): (typeof DIALECTS)[string] | undefine
 }
 
 /**
- * A SQL driver over a Knex instance (PostgreSQL on `pg`, MySQL or MariaDB on `mysql2`): retrysafe's statements run as `raw` ones, and
+ * A SQL driver over a Knex instance (PostgreSQL on `pg`, MySQL or MariaDB on `mysql2`, SQLite on
+ * `better-sqlite3`): retrysafe's statements run as `raw` ones, and
  * an operation's transaction is a `knex.transaction()`, whose `trx` the handler gets as `ctx.tx`;
  * a `trx.transaction()` it opens nests as a savepoint, the Knex way.
  * @example
@@ -51,7 +63,7 @@ export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
   const found = knexStatements(knex);
   if (!found) {
     throw new ConfigError(
-      `knexDriver: Knex runs on ${String(knex.client.driverName)}; retrysafe's Knex driver runs on pg (PostgreSQL) and mysql2 (MySQL, MariaDB)`,
+      `knexDriver: Knex runs on ${String(knex.client.driverName)}; retrysafe's Knex driver runs on pg (PostgreSQL), mysql2 (MySQL, MariaDB) and better-sqlite3 (SQLite)`,
     );
   }
   const { dialect, run } = found;
@@ -88,7 +100,7 @@ export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
 }
 
 /**
- * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a Knex instance writes to. In atomic mode a
+ * A retrysafe store on the PostgreSQL, MySQL, MariaDB or SQLite database a Knex instance writes to. In atomic mode a
  * handler's `ctx.tx` is the Knex transaction (`trx`) holding the key: the key, the handler's
  * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
  * savepoint inside it.

@@ -12,7 +12,7 @@ export type MikroOrmSource<EM extends SqlEntityManager> = EM | { em: EM };
 
 /**
  * A SQL driver over MikroORM 6 (`@mikro-orm/postgresql`; `@mikro-orm/mysql` for MySQL or
- * MariaDB): an operation's transaction is `em.transactional()`, whose forked `EntityManager` the
+ * MariaDB; `@mikro-orm/better-sqlite` for SQLite): an operation's transaction is `em.transactional()`, whose forked `EntityManager` the
  * handler gets as `ctx.tx`, and a `tx.transactional()` it opens there nests as a savepoint. MikroORM
  * 6 runs SQL through Knex: retrysafe's statements run as Knex `raw` ones on the transaction's Knex
  * context, as the Knex driver runs them.
@@ -24,7 +24,7 @@ export function mikroOrmDriver<EM extends SqlEntityManager>(source: MikroOrmSour
   const em = (source as { em?: EM }).em ?? (source as EM);
   if (typeof em?.getKnex !== 'function' || typeof em.transactional !== 'function') {
     throw new ConfigError(
-      'mikroOrmStore: give a MikroORM instance (or its EntityManager) of a SQL driver: @mikro-orm/postgresql or @mikro-orm/mysql',
+      'mikroOrmStore: give a MikroORM instance (or its EntityManager) of a SQL driver: @mikro-orm/postgresql, @mikro-orm/mysql or @mikro-orm/better-sqlite',
     );
   }
   // MikroORM brings a Knex of its own: its instance is what runs the statements.
@@ -32,7 +32,7 @@ export function mikroOrmDriver<EM extends SqlEntityManager>(source: MikroOrmSour
   const found = knexStatements(knex);
   if (!found) {
     throw new ConfigError(
-      `mikroOrmDriver: MikroORM runs on ${String(knex.client.driverName)}; retrysafe's MikroORM driver runs on @mikro-orm/postgresql and @mikro-orm/mysql`,
+      `mikroOrmDriver: MikroORM runs on ${String(knex.client.driverName)}; retrysafe's MikroORM driver runs on @mikro-orm/postgresql, @mikro-orm/mysql and @mikro-orm/better-sqlite`,
     );
   }
   const { dialect, run } = found;
@@ -53,8 +53,8 @@ export function mikroOrmDriver<EM extends SqlEntityManager>(source: MikroOrmSour
 }
 
 /**
- * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a MikroORM 6 instance writes
- * to. In atomic mode a handler's `ctx.tx` is the transaction's `EntityManager` (a fork, as
+ * A retrysafe store on the PostgreSQL, MySQL, MariaDB or SQLite database a MikroORM 6 instance
+ * writes to. In atomic mode a handler's `ctx.tx` is the transaction's `EntityManager` (a fork, as
  * `em.transactional()` gives it), holding the key: the key, the handler's writes through it
  * (flushed by the commit at the latest) and the saved answer commit together, and
  * `ctx.tx.transactional()` is a savepoint inside it.
