@@ -10,8 +10,10 @@ import {
 import mysql from 'mysql2';
 import { describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/core/contract/index.js';
+import type { SqlDriver } from '../src/stores/sql/driver.js';
 import { type KyselyTx, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
 import { positional } from '../src/stores/sql/placeholders.js';
+import { sqlStore } from '../src/stores/sql/store.js';
 import { describeMysqlOrmStore } from './conformance/orm-mysql-suite.js';
 import { hasMysql } from './support/services.js';
 
@@ -55,16 +57,24 @@ describe('positional: the mysql store’s :name placeholders as ?', () => {
 });
 
 describe('sqlStore: the dialects', () => {
-  it('has none for SQLite over a driver yet: a ConfigError naming the store to use', () => {
-    const db = new Kysely<any>({
-      dialect: {
-        createAdapter: () => new SqliteAdapter(),
-        createDriver: () => new DummyDriver(),
-        createIntrospector: (kysely) => new SqliteIntrospector(kysely),
-        createQueryCompiler: () => new SqliteQueryCompiler(),
-      },
-    });
-    expect(() => kyselyStore(db)).toThrow(ConfigError);
-    expect(() => kyselyStore(db)).toThrow(/retrysafe\/sqlite/);
+  it('refuses a driver of a dialect it has no SQL for, naming it', () => {
+    const driver = {
+      ...kyselyStore(sqliteKysely()).driver,
+      dialect: 'oracle',
+    } as unknown as SqlDriver<unknown>;
+    expect(() => sqlStore(driver)).toThrow(ConfigError);
+    expect(() => sqlStore(driver)).toThrow(/no SQL dialect "oracle"/);
   });
 });
+
+/** A Kysely on SQLite that never connects. */
+function sqliteKysely() {
+  return new Kysely<any>({
+    dialect: {
+      createAdapter: () => new SqliteAdapter(),
+      createDriver: () => new DummyDriver(),
+      createIntrospector: (kysely) => new SqliteIntrospector(kysely),
+      createQueryCompiler: () => new SqliteQueryCompiler(),
+    },
+  });
+}
