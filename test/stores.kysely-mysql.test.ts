@@ -15,6 +15,7 @@ import { type KyselyTx, kyselyStore } from '../src/stores/sql/drivers/kysely.js'
 import { positional } from '../src/stores/sql/placeholders.js';
 import { sqlStore } from '../src/stores/sql/store.js';
 import { describeMysqlOrmStore } from './conformance/orm-mysql-suite.js';
+import { kyselyNested } from './support/kysely.js';
 import { hasMysql } from './support/services.js';
 
 describe.skipIf(!hasMysql)('kysely on MariaDB', () => {
@@ -25,16 +26,8 @@ describe.skipIf(!hasMysql)('kysely on MariaDB', () => {
     return {
       store: (options) => kyselyStore(db, options),
       insert: (tx, table) => sql`INSERT INTO ${sql.raw(table)} () VALUES ()`.execute(tx),
-      async nested(tx, work) {
-        const inner = await tx.savepoint('nested').execute();
-        try {
-          await work(inner);
-        } catch (error) {
-          await inner.rollbackToSavepoint('nested').execute();
-          throw error;
-        }
-        await inner.releaseSavepoint('nested').execute();
-      },
+      // Kysely nests with a savepoint on its controlled transaction.
+      nested: kyselyNested,
       end: { commit: (tx) => tx.commit().execute(), rollback: (tx) => tx.rollback().execute() },
       rawCommit: (tx) => sql`COMMIT`.execute(tx),
       close: () => db.destroy(),

@@ -2,11 +2,9 @@ import { MikroORM } from '@mikro-orm/better-sqlite';
 import { describe } from 'vitest';
 import { mikroOrmStore } from '../src/stores/sql/drivers/mikro-orm.js';
 import { describeSqliteOrmStore } from './conformance/orm-sqlite-suite.js';
+import { executeIn } from './support/mikro-orm.js';
 
 type Tx = MikroORM['em'];
-
-const execute = (tx: Tx, sql: string) =>
-  tx.getConnection().execute(sql, [], 'run', tx.getTransactionContext());
 
 describe('mikro-orm on SQLite (@mikro-orm/better-sqlite)', () => {
   describeSqliteOrmStore<Tx>(
@@ -19,12 +17,12 @@ describe('mikro-orm on SQLite (@mikro-orm/better-sqlite)', () => {
       });
       return {
         store: (options) => mikroOrmStore(orm, options),
-        insert: (tx, table) => execute(tx, `INSERT INTO ${table} DEFAULT VALUES`),
+        insert: (tx, table) => executeIn(tx, `INSERT INTO ${table} DEFAULT VALUES`),
         nested: (tx, work) => tx.transactional((inner) => work(inner)),
-        rawCommit: (tx) => execute(tx, 'COMMIT'),
+        rawCommit: (tx) => executeIn(tx, 'COMMIT'),
         close: () => orm.close(),
       };
     },
-    execute,
+    executeIn,
   );
 });

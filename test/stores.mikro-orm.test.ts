@@ -2,7 +2,7 @@ import { MikroORM } from '@mikro-orm/postgresql';
 import { describe, expect, it } from 'vitest';
 import { mikroOrmStore } from '../src/stores/sql/drivers/mikro-orm.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
-import { openMikroOrm } from './support/mikro-orm.js';
+import { executeIn, openMikroOrm } from './support/mikro-orm.js';
 import { hasPostgres, PG_URL } from './support/services.js';
 
 type Tx = MikroORM['em'];
@@ -10,14 +10,12 @@ type Tx = MikroORM['em'];
 describe.skipIf(!hasPostgres)('mikro-orm', () => {
   describeOrmStore<Tx>('mikroOrm', async () => {
     const orm = await openMikroOrm((options) => MikroORM.init(options), PG_URL);
-    const execute = (tx: Tx, sql: string) =>
-      tx.getConnection().execute(sql, [], 'run', tx.getTransactionContext());
     return {
       store: (options) => mikroOrmStore(orm, options),
-      insert: (tx, table) => execute(tx, `INSERT INTO ${table} DEFAULT VALUES`),
+      insert: (tx, table) => executeIn(tx, `INSERT INTO ${table} DEFAULT VALUES`),
       // MikroORM nests a transaction on a transaction's EntityManager as a savepoint.
       nested: (tx, work) => tx.transactional((inner) => work(inner)),
-      rawCommit: (tx) => execute(tx, 'COMMIT'),
+      rawCommit: (tx) => executeIn(tx, 'COMMIT'),
       close: () => orm.close(),
     };
   });
