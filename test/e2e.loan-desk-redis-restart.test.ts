@@ -39,6 +39,19 @@ async function startRedis(port: number): Promise<ChildProcess> {
   return child;
 }
 
+/** Polls the desk's `GET /health` until it answers `status` (bounded: the test fails past 30 s). */
+async function healthUntil(baseUrl: string, status: number) {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const response = await fetch(`${baseUrl}/health`);
+    const body = await response.json();
+    if (response.status === status) return { body, retryAfter: response.headers.get('retry-after') };
+    if (Date.now() > deadline)
+      throw new Error(`GET /health still ${response.status} ${JSON.stringify(body)}`);
+    await sleep(50);
+  }
+}
+
 async function kill9(child: ChildProcess): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return;
   const exited = new Promise((resolve) => child.once('exit', resolve));
@@ -66,9 +79,21 @@ describe.skipIf(!hasRedis)('loan desk with keys in a Redis that is killed and re
         'loan desk with keys in Redis (lease mode), loans in SQLite',
         async () => {
           await kill9(redis!);
-          // Long enough for every client loop to meet the outage.
+          // Long enough for every client loop to meet the outage, and for the failing calls to
+          // open the key store's circuit: GET /health says so.
           await sleep(1500);
+          const open = await healthUntil(desk.baseUrl, 503);
+          expect(open.body).toMatchObject({
+            status: 'unavailable',
+            keyStore: { name: 'redis', circuit: 'open' },
+          });
+          expect(open.retryAfter).toBe('1');
           redis = await startRedis(port);
+          // A client's probe finds Redis again and closes it.
+          expect((await healthUntil(desk.baseUrl, 200)).body).toMatchObject({
+            status: 'ok',
+            keyStore: { circuit: 'closed', failedCalls: 0 },
+          });
         },
       );
 

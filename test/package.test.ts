@@ -1,3 +1,4 @@
+import { execFile } from 'node:child_process';
 import {
   cpSync,
   existsSync,
@@ -10,8 +11,10 @@ import {
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type Dynalite, lambdaExampleEnv, startDynalite } from './support/dynalite.js';
 import {
   checkQuickStart,
   pack,
@@ -278,3 +281,45 @@ describe.skipIf(!hasPostgres)(
     );
   },
 );
+
+/** Invokes the copied handler as Lambda would: three duplicates at once, a conflict, the orders. */
+const INVOKE_LAMBDA = `import { handler } from './handler.js';
+const http = (method) => ({ requestContext: { http: { method, path: '/orders' } } });
+const post = (item) =>
+  handler({ ...http('POST'), headers: { 'idempotency-key': 'k-1' }, body: JSON.stringify({ item }) });
+const duplicates = await Promise.all([post('book'), post('book'), post('book')]);
+const conflict = await post('pen');
+const orders = JSON.parse((await handler(http('GET'))).body);
+console.log(JSON.stringify({ duplicates, conflict, orders }));
+`;
+
+describe('the Lambda example in an ES-module project, keys in DynamoDB (dynalite)', () => {
+  let dir: string;
+  let server: Dynalite;
+  beforeAll(async () => {
+    dir = project('esm-lambda', { type: 'module' }, ['@aws-sdk/client-dynamodb']);
+    server = await startDynalite();
+  }, 120_000);
+  afterAll(() => server?.close());
+
+  it('runs examples/lambda/handler.js with retrysafe/dynamodb from the tarball: one order per key', {
+    timeout: 60_000,
+  }, async () => {
+    cpSync(join(root, 'examples/lambda'), join(dir, 'lambda'), { recursive: true });
+    writeFileSync(join(dir, 'lambda', 'invoke.js'), INVOKE_LAMBDA);
+    // Asynchronously: dynalite answers from this process meanwhile.
+    const { stdout } = await promisify(execFile)(process.execPath, [join(dir, 'lambda', 'invoke.js')], {
+      env: { ...process.env, ...(await lambdaExampleEnv(server)) },
+      timeout: 50_000,
+    });
+    const { duplicates, conflict, orders } = JSON.parse(stdout) as {
+      duplicates: { statusCode: number; body: string }[];
+      conflict: { statusCode: number };
+      orders: unknown[];
+    };
+    expect(duplicates.map((answer) => answer.statusCode)).toEqual([201, 201, 201]);
+    expect(new Set(duplicates.map((answer) => answer.body)).size).toBe(1);
+    expect(conflict.statusCode).toBe(409);
+    expect(orders).toEqual([JSON.parse(duplicates[0]!.body)]);
+  });
+});

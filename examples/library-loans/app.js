@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import http from 'node:http';
-import { credentialScope, startCompleter } from 'retrysafe';
+import { credentialScope, startCompleter, storeCircuit } from 'retrysafe';
 import { idempotency } from 'retrysafe/node';
 import { adminRoutes } from './admin.js';
 import { openDatabase, openKeyStore } from './databases/index.js';
@@ -139,6 +139,17 @@ export function loanDesk({
 
   const read = (res, query) => sendFound(res, query, 'loan_not_found');
 
+  /**
+   * `GET /health`: 200 while keyed writes can be taken; 503 with `Retry-After` while the key
+   * store's circuit breaker is open (its calls kept failing, so retrysafe refuses them at once).
+   */
+  function health(res) {
+    const { state, failures } = storeCircuit(store);
+    const keyStore = { name: store.name, circuit: state, failedCalls: failures };
+    if (state === 'open') return send(res, 503, { status: 'unavailable', keyStore }, { 'retry-after': '1' });
+    send(res, 200, { status: state === 'closed' ? 'ok' : 'recovering', keyStore });
+  }
+
   function loanDeskHandler(req, res) {
     const reading = req.method === 'GET' || req.method === 'HEAD';
     // The hot path, POST /loans, needs no URL parsed; any other target is normalised by URL.
@@ -165,6 +176,7 @@ export function loanDesk({
     if (pathname === '/books') return reading ? read(res, () => database.listBooks()) : allow('GET, HEAD');
     if (pathname === '/members')
       return reading ? read(res, () => database.listMembers()) : allow('GET, HEAD');
+    if (pathname === '/health') return reading ? health(res) : allow('GET, HEAD');
     if (fines.handler(req, res, url) || web(req, res, url) || admin(req, res, url)) return;
     if (ops?.route(req, res, pathname)) return;
     send(res, 404, { error: 'path_not_found' });

@@ -163,6 +163,14 @@ export function operations({ logLevel = 'info', destination, adminToken } = {}) 
       case 'store_error':
         storeErrors.log(event);
         return;
+      case 'circuit':
+        if (event.state === 'open') {
+          logger.error(
+            { event: event.type, store: event.store, failures: event.failures },
+            'the key store failed its last calls: keyed requests are refused with 503 until it answers again (GET /health)',
+          );
+        } else logger.info({ event: event.type, store: event.store }, 'the key store answers again');
+        return;
       case 'rejected':
         if (event.reason !== 'replay_unreadable') break;
         logger.error(

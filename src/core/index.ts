@@ -1,4 +1,5 @@
 export type {
+  CircuitEvent,
   ConflictEvent,
   ExecutedEvent,
   FencedEvent,
@@ -55,6 +56,7 @@ export {
   TransactionEndedError,
 } from './contract/index.js';
 export {
+  type CircuitState,
   type CompleterOptions,
   createIdempotency,
   type Idempotency,
@@ -64,6 +66,7 @@ export {
   resumeAbandoned,
   type StartCompleterOptions,
   startCompleter,
+  storeCircuit,
 } from './engine/index.js';
 export { type IdempotentOptions, type IdempotentRun, idempotent } from './jobs/index.js';
 export {

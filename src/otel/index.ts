@@ -36,8 +36,11 @@ interface Tally {
  * Metrics (from `meterProvider`, meter `retrysafe`):
  * - `idempotency.outcomes` (counter): events by `idempotency.outcome` (`executed`, `replayed`,
  *   `conflict`, `waited`, `released`, `fenced`, `lease_renewed`, `lease_lost`, `store_error`,
- *   `rejected`, `step_saved`, `step_replayed`, `resumed`), with `idempotency.reason`, `.result`,
- *   `.operation` or `.step` (a fenced call, or a step's name) where the event has one.
+ *   `rejected`, `step_saved`, `step_replayed`, `resumed`, `gave_up`, `transaction_ended`,
+ *   `circuit`), with `idempotency.reason`, `.result`, `.operation`, `.step` (a fenced call, or a
+ *   step's name) or `.state` (`open`, `closed`) where the event has one.
+ * - `idempotency.circuit.open` (gauge): 1 while a store's circuit breaker refuses requests, else 0,
+ *   by `idempotency.store`.
  * - `idempotency.store.duration` (histogram, s): time a request spent in store calls.
  * - `idempotency.handler.duration` (histogram, s): time a guarded handler took.
  * - `idempotency.wait.duration` (histogram, s): time a duplicate waited for an in-progress original.
@@ -75,6 +78,15 @@ export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}):
   );
   const handlerDuration = histogram('idempotency.handler.duration', 'Time a guarded handler took');
   const waitDuration = histogram('idempotency.wait.duration', 'Time a duplicate waited for the original');
+  // Each store's circuit as its last `circuit` event left it: 1 open, 0 closed.
+  const circuits = new Map<string, number>();
+  meter
+    .createObservableGauge('idempotency.circuit.open', {
+      description: 'Whether the store circuit breaker refuses requests (1) or not (0)',
+    })
+    .addCallback((result) => {
+      for (const [store, open] of circuits) result.observe(open, { 'idempotency.store': store });
+    });
 
   // One count per outcome and detail, each with its attribute set made once. An outcome is
   // reported from its first event on (the common ones have their counts from the start).
@@ -126,6 +138,9 @@ export function idempotencyTelemetry(options: IdempotencyTelemetryOptions = {}):
       case 'step_saved':
       case 'step_replayed':
         trace.getActiveSpan()?.addEvent(`idempotency.${event.type}`, { 'idempotency.step': event.name });
+        return;
+      case 'circuit':
+        circuits.set(event.store, event.state === 'open' ? 1 : 0);
         return;
       case 'resumed':
         trace

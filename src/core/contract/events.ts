@@ -131,6 +131,19 @@ export interface StoreErrorEvent extends RequestEvent {
 }
 
 /**
+ * The store's circuit breaker opened (`failures` store calls in a row failed: requests are refused
+ * with 503 for `cooldownMs`, one probe per cooldown) or closed again (a store call succeeded).
+ */
+export interface CircuitEvent {
+  type: 'circuit';
+  state: 'open' | 'closed';
+  /** The store's name (`postgres`, `redis`, …). */
+  store: string;
+  /** Failed calls in a row that opened it; 0 on closing. */
+  failures: number;
+}
+
+/**
  * Atomic mode: the handler ended the operation's transaction itself (a `COMMIT` of its own, an ORM
  * transaction on a new wrapper of `ctx.tx`), so its writes may be committed without the answer. The
  * request answered 500 and the key keeps that answer: no retry runs the writes again.
@@ -144,12 +157,12 @@ export interface TransactionEndedEvent extends RequestEvent {
 
 /**
  * The request was refused before the store was asked: `key_missing` (a `required` route),
- * `key_invalid`, `body_too_large`; or its saved response could not be read (`replay_unreadable`,
+ * `key_invalid`, `body_too_large`, `circuit_open` (the store's circuit breaker is open: 503); or its saved response could not be read (`replay_unreadable`,
  * an `encryptionKey` that does not open it).
  */
 export interface RejectedEvent {
   type: 'rejected';
-  reason: 'key_missing' | 'key_invalid' | 'body_too_large' | 'replay_unreadable';
+  reason: 'key_missing' | 'key_invalid' | 'body_too_large' | 'circuit_open' | 'replay_unreadable';
   /** The key, when the request carried a well-formed one. */
   key?: string;
   scope?: string;
@@ -170,6 +183,7 @@ export type IdempotencyEvent =
   | LeaseRenewedEvent
   | LeaseLostEvent
   | StoreErrorEvent
+  | CircuitEvent
   | TransactionEndedEvent
   | RejectedEvent;
 
@@ -179,13 +193,14 @@ export type IdempotencyEventType = IdempotencyEvent['type'];
 /**
  * What an event is counted by besides its type, for metrics: why it was released or rejected
  * (`reason`), how a wait ended (`result`), which store call failed (`operation`), which call was
- * fenced or which step was saved or replayed (`step`); `undefined` for the other types.
+ * fenced or which step was saved or replayed (`step`), where a store's circuit went (`state`);
+ * `undefined` for the other types.
  * @example
  * onEvent: (event) => outcomes.inc({ outcome: event.type, reason: eventDetail(event)?.value ?? '' })
  */
 export function eventDetail(
   event: IdempotencyEvent,
-): { name: 'reason' | 'result' | 'operation' | 'step'; value: string } | undefined {
+): { name: 'reason' | 'result' | 'operation' | 'step' | 'state'; value: string } | undefined {
   switch (event.type) {
     case 'released':
     case 'rejected':
@@ -194,6 +209,8 @@ export function eventDetail(
       return { name: 'result', value: event.result };
     case 'store_error':
       return { name: 'operation', value: event.operation };
+    case 'circuit':
+      return { name: 'state', value: event.state };
     case 'fenced':
       return { name: 'step', value: event.step };
     case 'step_saved':

@@ -3,7 +3,7 @@ import { ErrorCode, IdempotencyError, isTransactionEnded } from '../contract/ind
 import type { CapturedResponse } from '../response/index.js';
 import { responseTooLarge, storeDown, toStored } from '../response/index.js';
 import type { IdempotencyContext, Outcome } from './adapter-contract.js';
-import { conflictOf, replayOrError, storeFailed } from './outcomes.js';
+import { conflictOf, replayOrError, storeAnswered, storeFailed } from './outcomes.js';
 import type { Engine } from './state.js';
 import { atomicSteps, handlerContext } from './steps.js';
 
@@ -45,6 +45,7 @@ export async function runAtomic<Req, Tx>(
       }
       return { response: toStored(config, captured), commit: storeStatus(captured.status) };
     });
+    storeAnswered(engine);
     switch (result.outcome) {
       case 'executed': {
         const { status, complete } = captured!;
@@ -71,6 +72,7 @@ export async function runAtomic<Req, Tx>(
   } catch (error) {
     if (isTransactionEnded(error)) return transactionEnded(engine, claim, error, handlerMs);
     if (handlerFailed) {
+      storeAnswered(engine);
       if (emit) {
         const { key, scope } = claim;
         emit({ type: 'released', key, scope, reason: 'handler_threw', handlerMs, storeMs: storeMs() });

@@ -4,7 +4,15 @@ import { inProgress, MAX_WAIT_SLICE_MS, storeDown } from '../response/index.js';
 import type { IdempotencyContext, Outcome } from './adapter-contract.js';
 import { runAtomic } from './atomic-mode.js';
 import { runLeased } from './lease-mode.js';
-import { conflictOf, replayOrError, storeFailed, waited, waitResultOf } from './outcomes.js';
+import {
+  circuitRefusal,
+  conflictOf,
+  replayOrError,
+  storeAnswered,
+  storeFailed,
+  waited,
+  waitResultOf,
+} from './outcomes.js';
 import type { Engine } from './state.js';
 
 /**
@@ -43,6 +51,8 @@ export async function execute<Req, Tx>(
   // When this attempt at the key began: one clock read serves the deadline, the claim's timeout
   // and its timing.
   let attemptMs = performance.now();
+  const refused = circuitRefusal(engine, claim, attemptMs);
+  if (refused) return refused;
   const deadline = attemptMs + (config.concurrency === 'wait' ? config.waitMs : 0);
   // Time in claims (lease mode), and since the key was first found in progress.
   let storeMs = 0;
@@ -94,6 +104,7 @@ export async function execute<Req, Tx>(
           .catch(() => undefined);
         return { kind: 'rejected', error: storeDown(error, key) };
       }
+      storeAnswered(engine);
       const claimedMs = performance.now();
       storeMs += claimedMs - attemptMs;
       switch (result.outcome) {

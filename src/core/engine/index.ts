@@ -1,5 +1,6 @@
 export * from './adapter-contract.js';
 export * from './atomic-mode.js';
+export * from './breaker.js';
 export * from './claim-loop.js';
 export * from './completer.js';
 export * from './create.js';

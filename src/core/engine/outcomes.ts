@@ -6,7 +6,7 @@ import type {
   WaitedEvent,
 } from '../contract/index.js';
 import { ErrorCode, type IdempotencyError } from '../contract/index.js';
-import { conflict, forAcceptEncoding, replayUnreadable, toReplay } from '../response/index.js';
+import { circuitOpen, conflict, forAcceptEncoding, replayUnreadable, toReplay } from '../response/index.js';
 import type { Outcome } from './adapter-contract.js';
 import type { Engine } from './state.js';
 
@@ -40,13 +40,42 @@ export function rejected<Req>(
 
 /** Reports the failure of a store call (a throw or a timeout); answers `undefined`. */
 export function storeFailed<Req>(
-  { emit }: Engine<Req>,
+  { config, emit, breaker }: Engine<Req>,
   operation: StoreErrorEvent['operation'],
   claim: ClaimInput,
   error: unknown,
 ): undefined {
   if (emit) emit({ type: 'store_error', operation, key: claim.key, scope: claim.scope, error });
+  if (breaker?.failed(performance.now()) && emit) {
+    emit({ type: 'circuit', state: 'open', store: config.store.name, failures: breaker.failures });
+  }
   return undefined;
+}
+
+/** Notes a store call that answered, which closes an open circuit. */
+export function storeAnswered<Req>({ config, emit, breaker }: Engine<Req>): void {
+  if (breaker?.succeeded() && emit)
+    emit({ type: 'circuit', state: 'closed', store: config.store.name, failures: 0 });
+}
+
+/**
+ * The refusal of a request while the store's circuit is open (without asking the store), or
+ * `undefined` when it may go to the store: closed, or this request is the cooldown's probe.
+ */
+export function circuitRefusal<Req>(
+  engine: Engine<Req>,
+  claim: ClaimInput,
+  nowMs: number,
+): Outcome | undefined {
+  const { breaker } = engine;
+  const retryAfterMs = breaker?.refusal(nowMs);
+  if (retryAfterMs === undefined) return undefined;
+  return rejected(
+    engine,
+    circuitOpen(claim.key, retryAfterMs, breaker!.failures),
+    'circuit_open',
+    claim.scope,
+  );
 }
 
 /** The replay of `stored`, decoded when the retry does not accept the coding it was stored in. */

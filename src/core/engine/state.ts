@@ -3,6 +3,7 @@ import { safeListener } from '../contract/index.js';
 import type { ResolvedOptions } from '../options/index.js';
 import type { BodyCipher } from '../response/index.js';
 import type { ResumedRequest } from './adapter-contract.js';
+import { breakerOf, type StoreBreaker } from './breaker.js';
 import { deadlineGuard } from './deadline.js';
 import { leaseKeeper } from './lease-keeper.js';
 
@@ -19,6 +20,8 @@ export interface Engine<Req = unknown> {
   readonly emit: IdempotencyEventListener | undefined;
   /** Bounds every store call by `storeTimeout`. */
   readonly guard: ReturnType<typeof deadlineGuard>;
+  /** The store's circuit breaker (shared with every engine on the store); `undefined` when off. */
+  readonly breaker: StoreBreaker | undefined;
   /** Renews the leases of running handlers (lease mode). */
   readonly leases: ReturnType<typeof leaseKeeper>;
   readonly codec: StepCodec;
@@ -31,6 +34,7 @@ export function engineState<Req>(config: ResolvedOptions<Req>): Engine<Req> {
     config,
     emit,
     guard: deadlineGuard(storeTimeoutMs, `${store.name} store did not answer within ${storeTimeoutMs} ms`),
+    breaker: config.breaker && breakerOf(store, config.breaker),
     leases: leaseKeeper(store, config.leaseMs, emit),
     codec: stepCodec(config.cipher),
   });

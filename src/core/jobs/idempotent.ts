@@ -79,6 +79,13 @@ export interface IdempotentOptions<Input, Tx = unknown> {
    */
   storeTimeout?: Duration;
   /**
+   * The store's circuit breaker, as `createIdempotency`'s: after `failures` failed store calls in
+   * a row, runs throw `store_unavailable` at once for `cooldown`. Shared with every route and job
+   * on the same store object.
+   * @default { failures: 5, cooldown: '1s' }
+   */
+  circuitBreaker?: { failures?: number; cooldown?: Duration } | false;
+  /**
    * Largest result saved, in bytes of its JSON; a larger one throws `result_not_storable`.
    * @default 1_048_576 (1 MiB)
    */
@@ -106,6 +113,7 @@ const IDEMPOTENT_OPTION_NAMES = optionNames<IdempotentOptions<unknown>>({
   concurrency: true,
   wait: true,
   storeTimeout: true,
+  circuitBreaker: true,
   maxResultBytes: true,
   encryptionKey: true,
   onEvent: true,
@@ -208,6 +216,7 @@ export function idempotent<Input, Tx = unknown>(
     wait: given.wait,
     concurrency: given.concurrency,
     storeTimeout: given.storeTimeout,
+    circuitBreaker: given.circuitBreaker,
     encryptionKey: given.encryptionKey,
     onEvent: given.onEvent,
     maxResponseBytes: maxResultBytes,

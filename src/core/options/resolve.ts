@@ -37,6 +37,30 @@ const MAX_STEP_BYTES = 64 * 1024;
  */
 export const MAX_KEY_LENGTH = 1024;
 
+/** How many store calls in a row must fail to open the circuit, and how long it stays open. */
+export interface BreakerSettings {
+  readonly failures: number;
+  readonly cooldownMs: number;
+}
+
+/** `circuitBreaker`: its settings, or `undefined` when turned off. */
+function breakerOption(given: IdempotencyOptions['circuitBreaker']): BreakerSettings | undefined {
+  if (given === false) return undefined;
+  if (given !== undefined && (typeof given !== 'object' || given === null)) {
+    throw new ConfigError('retrysafe: option `circuitBreaker` must be false or { failures, cooldown }');
+  }
+  const unknown = Object.keys(given ?? {}).filter((name) => name !== 'failures' && name !== 'cooldown');
+  if (unknown.length > 0) {
+    throw new ConfigError(
+      `retrysafe: option \`circuitBreaker\` knows \`failures\` and \`cooldown\`; got \`${unknown[0]}\``,
+    );
+  }
+  return {
+    failures: positiveInt('circuitBreaker.failures', given?.failures, 5),
+    cooldownMs: toMs('circuitBreaker.cooldown', given?.cooldown ?? '1s', { min: 1 }),
+  };
+}
+
 function positiveInt(option: string, value: number | undefined, fallback: number): number {
   const resolved = value ?? fallback;
   if (!Number.isSafeInteger(resolved) || resolved < 1) {
@@ -96,6 +120,8 @@ export interface ResolvedOptions<Req = unknown> {
   readonly leaseMs: number;
   readonly waitMs: number;
   readonly storeTimeoutMs: number;
+  /** `undefined`: no circuit breaker. */
+  readonly breaker: BreakerSettings | undefined;
   readonly bounds: KeyBounds;
   readonly maxBodyBytes: number;
   readonly maxResponseBytes: number;
@@ -154,6 +180,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
   const leaseMs = Math.min(toMs('lease', options.lease ?? '10s', { min: 1 }), ttlMs);
   const waitMs = toMs('wait', options.wait ?? '10s');
   const storeTimeoutMs = toMs('storeTimeout', options.storeTimeout ?? '5s', { min: 1 });
+  const breaker = breakerOption(options.circuitBreaker);
   const minKeyLength = positiveInt('minKeyLength', options.minKeyLength, 1);
   const maxKeyLength = positiveInt('maxKeyLength', options.maxKeyLength, 255);
   if (maxKeyLength > MAX_KEY_LENGTH) {
@@ -220,6 +247,7 @@ export function resolveOptions<Req, Tx>(given: IdempotencyOptions<Req, Tx>): Res
     leaseMs,
     waitMs,
     storeTimeoutMs,
+    breaker,
     bounds,
     maxBodyBytes,
     maxResponseBytes,

@@ -242,6 +242,17 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
    */
   storeTimeout?: Duration;
   /**
+   * A circuit breaker in front of the store: once `failures` store calls in a row have failed
+   * (thrown, or outlived `storeTimeout`), requests are refused at once with 503 `store_unavailable`
+   * and `Retry-After` for `cooldown`, instead of each waiting out its own store timeout; then one
+   * request per `cooldown` tries the store, and the first that succeeds closes the circuit. Every
+   * route and job on one store object shares one breaker per setting. `false` turns it off.
+   * Transitions are `circuit` events; each refusal a `rejected` event (reason `circuit_open`).
+   * @default { failures: 5, cooldown: '1s' }
+   * @example circuitBreaker: { failures: 10, cooldown: '5s' }
+   */
+  circuitBreaker?: { failures?: number; cooldown?: Duration } | false;
+  /**
    * 32-byte key (Uint8Array or base64) to encrypt stored bodies with AES-256-GCM, or a key ring
    * `[current, ...previous]`: bodies are encrypted with the first and decrypted with any, so
    * records written before a rotation still replay. Drop a previous key once `ttl` has passed.
@@ -296,6 +307,7 @@ export const ENGINE_OPTION_NAMES = optionNames<IdempotencyOptions>({
   route: true,
   maxResumes: true,
   storeTimeout: true,
+  circuitBreaker: true,
   encryptionKey: true,
   onError: true,
   onEvent: true,

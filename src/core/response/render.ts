@@ -16,6 +16,17 @@ export function storeDown(cause: unknown, key: string): IdempotencyError {
   );
 }
 
+/** The store's circuit breaker is open: refused without asking the store, retry after `retryAfterMs`. */
+export function circuitOpen(key: string, retryAfterMs: number, failures: number): IdempotencyError {
+  return new IdempotencyError(
+    503,
+    ErrorCode.storeUnavailable,
+    `The idempotency store failed its last ${failures} calls; the request was not processed. Retry with the same key.`,
+    { 'retry-after': String(Math.max(1, Math.ceil(retryAfterMs / 1000))) },
+    key,
+  );
+}
+
 export function replayUnreadable(cause: unknown, key: string): IdempotencyError {
   return new IdempotencyError(
     500,
