@@ -26,7 +26,7 @@ describe.skipIf(!hasPostgres)('typeorm', () => {
   );
 
   it('refuses a DataSource on a database it does not speak to, naming its type', () => {
-    const sqljs = new DataSource({ type: 'sqljs' });
+    const sqljs = { options: { type: 'sqljs' } } as unknown as DataSource;
     expect(() => typeormDriver(sqljs)).toThrow(/type is sqljs/);
   });
 });
