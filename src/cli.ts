@@ -158,9 +158,8 @@ async function openStore(command: 'migrate' | 'purge' | 'keys', args: StoreArgs)
     if (!exists) throw new UsageError(`no table ${label}: check --table, or create it with migrate`);
   }
   const { sqliteStore } = await import('./stores/sqlite/index.js');
-  // The SQLite store creates its table and index when it opens the file.
-  const store = sqliteStore({ filename: databaseUrl, table });
-  return { store, migrate: async () => {}, label };
+  const store = sqliteStore({ url: databaseUrl, table });
+  return { store, migrate: () => store.migrate(), label };
 }
 
 /**
@@ -183,7 +182,7 @@ async function openMysql(
 ): Promise<Target> {
   await driver(() => import('mysql2/promise'), 'mysql2');
   const { mysqlStore } = await import('./stores/mysql/index.js');
-  const store = mysqlStore({ uri: databaseUrl, table, maxConnections: 1 });
+  const store = mysqlStore({ url: databaseUrl, table, maxConnections: 1 });
   const label = `\`${table}\` in ${new URL(databaseUrl).pathname.slice(1)}`;
   if (command !== 'migrate') {
     const [rows] = await store.pool

@@ -197,7 +197,7 @@ describe('retrysafe CLI', () => {
         db.exec(run.stdout);
         expect(
           db.prepare("SELECT name FROM sqlite_master WHERE tbl_name = 'keys' ORDER BY 1").pluck().all(),
-        ).toEqual(['keys', 'keys_expires_at_ms', 'sqlite_autoindex_keys_1']);
+        ).toEqual(['keys', 'keys_abandoned', 'keys_expires_at_ms', 'sqlite_autoindex_keys_1']);
       } finally {
         db.close();
       }
@@ -354,7 +354,7 @@ describe('retrysafe CLI', () => {
   describe.skipIf(!hasMysql)('on MySQL (MariaDB)', () => {
     it('migrate creates the table, can run again, and keys and purge then work on it', async () => {
       const database = await mysqlDatabase();
-      const store = mysqlStore({ uri: database.url, table: 'keys' });
+      const store = mysqlStore({ url: database.url, table: 'keys' });
       try {
         for (const command of [['keys', 'list'], ['purge']]) {
           const run = await cli(...command, '--database-url', database.url, '--table', 'keys');
@@ -623,7 +623,7 @@ describe('retrysafe keys', () => {
       const file = join(dir, 'keys.db');
       return {
         args: ['--database-url', file],
-        store: sqliteStore({ filename: file }),
+        store: sqliteStore({ url: file, migrate: true }),
         cleanup: async () => rmSync(dir, { recursive: true, force: true }),
       };
     });
@@ -631,7 +631,7 @@ describe('retrysafe keys', () => {
     it("lists, shows and deletes idempotent()'s records as it does HTTP ones", async () => {
       const dir = mkdtempSync(join(tmpdir(), 'retrysafe-cli-jobs-'));
       const file = join(dir, 'jobs.db');
-      const store = sqliteStore({ filename: file });
+      const store = sqliteStore({ url: file, migrate: true });
       try {
         let runs = 0;
         const run = idempotent({ store, scope: 'receipts', key: (job: { id: string }) => job.id });
@@ -714,7 +714,7 @@ describe('retrysafe keys', () => {
       const database = await mysqlDatabase();
       return {
         args: ['--database-url', database.url],
-        store: mysqlStore({ uri: database.url, migrate: true }),
+        store: mysqlStore({ url: database.url, migrate: true }),
         cleanup: database.drop,
       };
     });

@@ -254,7 +254,7 @@ describe('onEvent', () => {
   });
 
   it('atomic mode: executed, released, replayed and a store error, with the handler timed apart', async () => {
-    const store = sqliteStore({ filename: ':memory:' });
+    const store = sqliteStore({ url: ':memory:', migrate: true });
     const { idem, events } = engine({ store, mode: 'atomic' });
     await idem.handle(postRequest('a'), answer());
     await idem.handle(postRequest('a'), answer());

@@ -51,7 +51,7 @@ const stores: Array<{ name: string; skip: boolean; open(): Promise<OpenedStore> 
     skip: false,
     async open() {
       const filename = join(tempDir, `${randomUUID()}.db`);
-      const store = sqliteStore({ filename });
+      const store = sqliteStore({ url: filename, migrate: true });
       return {
         store,
         async dump() {

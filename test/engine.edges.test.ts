@@ -51,7 +51,7 @@ const backends: Backend[] = [
   {
     name: 'SQLite',
     skip: false,
-    open: () => sqliteStore({ filename: path.join(dir, 'keys.db') }),
+    open: () => sqliteStore({ url: path.join(dir, 'keys.db'), migrate: true }),
     cleanup: async () => rmSync(dir, { recursive: true, force: true }),
   },
   {

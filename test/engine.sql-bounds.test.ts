@@ -44,7 +44,7 @@ function sqliteBackend(): SqlBackend {
   return {
     name: 'SQLite',
     skip: false,
-    open: () => sqliteStore({ filename }),
+    open: () => sqliteStore({ url: filename, migrate: true }),
     lockKeyTable: () => holdSqliteWriteLock(filename, LOCK_HOLD_MS),
     async cleanup() {
       rmSync(dir, { recursive: true, force: true });

@@ -59,7 +59,7 @@ async function sqliteDatabase(): Promise<EffectDatabase> {
   const dir = mkdtempSync(join(tmpdir(), 'retrysafe-jobs-'));
   dirs.push(dir);
   const filename = join(dir, 'jobs.db');
-  const store = sqliteStore({ filename });
+  const store = sqliteStore({ url: filename, migrate: true });
   store.database.exec('CREATE TABLE effect (job_id TEXT NOT NULL, pid INTEGER NOT NULL)');
   await store.close();
   return {

@@ -15,6 +15,7 @@ import { promisify } from 'node:util';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type Dynalite, lambdaExampleEnv, startDynalite } from './support/dynalite.js';
+import { checkGraphqlExample, checkTrpcExample } from './support/mutation-examples.js';
 import {
   checkQuickStart,
   pack,
@@ -53,6 +54,9 @@ const PEERS = [
   'reflect-metadata',
   'rxjs',
   'better-sqlite3',
+  '@trpc/server',
+  'graphql',
+  'graphql-yoga',
 ];
 const TYPES = ['typescript', '@types/node', '@types/express', '@types/better-sqlite3'];
 let checkout: string;
@@ -71,6 +75,12 @@ function project(name: string, packageJson: object, links: string[]): string {
   return dir;
 }
 
+// The mutation examples (examples/<name>/app.js) and the contract each serves.
+const MUTATION_EXAMPLES = [
+  ['trpc', checkTrpcExample],
+  ['graphql', checkGraphqlExample],
+] as const;
+
 const quickStart = (framework: string) => readFileSync(join(root, 'examples', framework, 'app.js'), 'utf8');
 
 /** The same quick start for a CommonJS project: `require` for `import`, top-level await in a function. */
@@ -85,12 +95,12 @@ function asCommonJs(source: string): string {
  * Runs `file` with node from `dir` (in a working directory of its own, so each quick start has
  * its own idempotency.db): the quick start's promise, bad bodies included, over HTTP.
  */
-const serveWithNode = (dir: string, file: string) =>
+const serveWithNode = (dir: string, file: string, check = checkQuickStart) =>
   serveOneReplay({
     command: process.execPath,
     args: [join(dir, file)],
     cwd: mkdtempSync(join(dir, 'run-')),
-    check: checkQuickStart,
+    check,
   });
 
 beforeAll(() => {
@@ -158,6 +168,11 @@ describe('an ES-module JavaScript project', () => {
     await serveWithNode(dir, `${framework}.js`);
   });
 
+  it.each(MUTATION_EXAMPLES)('runs the %s example', { timeout: 30_000 }, async (name, check) => {
+    writeFileSync(join(dir, `${name}.js`), quickStart(name));
+    await serveWithNode(dir, `${name}.js`, check);
+  });
+
   it('a misspelt option fails at once, naming the option meant', () => {
     writeFileSync(
       join(dir, 'typo.js'),
@@ -211,6 +226,15 @@ describe('a CommonJS project', () => {
     async (framework) => {
       writeFileSync(join(dir, `${framework}.js`), asCommonJs(quickStart(framework)));
       await serveWithNode(dir, `${framework}.js`);
+    },
+  );
+
+  it.each(MUTATION_EXAMPLES)(
+    "runs the %s example with require('retrysafe/…')",
+    { timeout: 30_000 },
+    async (name, check) => {
+      writeFileSync(join(dir, `${name}.js`), asCommonJs(quickStart(name)));
+      await serveWithNode(dir, `${name}.js`, check);
     },
   );
 });

@@ -11,7 +11,7 @@ describe.skipIf(!hasMysql)('mysql', () => {
   describeStoreConformance('mysql (lease and atomic mode)', async () => {
     const database = await mysqlDatabase();
     const admin = mysql.createPool({ uri: database.url, connectionLimit: 2 });
-    const store = mysqlStore({ uri: database.url });
+    const store = mysqlStore({ url: database.url });
     await store.migrate();
     await admin.query('CREATE TABLE probe (id int AUTO_INCREMENT PRIMARY KEY)');
     return {
@@ -43,10 +43,10 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
   const servers: MysqlStore[] = [];
   beforeAll(async () => {
     database = await mysqlDatabase();
-    store = mysqlStore({ uri: database.url });
+    store = mysqlStore({ url: database.url });
     await store.migrate();
     await store.pool.query('CREATE TABLE effect (`key` varchar(64) NOT NULL)');
-    for (let i = 0; i < 4; i++) servers.push(mysqlStore({ uri: database.url, maxConnections: 5 }));
+    for (let i = 0; i < 4; i++) servers.push(mysqlStore({ url: database.url, maxConnections: 5 }));
   });
 
   afterAll(async () => {
@@ -56,14 +56,14 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
   });
 
   it('rejects bad options naming the option', () => {
-    expect(() => mysqlStore({ uri: database.url, table: 'a;drop' })).toThrow(/`table`/);
-    expect(() => mysqlStore({} as never)).toThrow(/`pool` or `uri`/);
-    expect(() => mysqlStore({ uri: database.url, maxConnections: 0 })).toThrow(/`maxConnections`/);
-    expect(() => mysqlStore({ uri: database.url, tabel: 'x' } as never)).toThrow(/table/);
+    expect(() => mysqlStore({ url: database.url, table: 'a;drop' })).toThrow(/`table`/);
+    expect(() => mysqlStore({} as never)).toThrow(/`pool` or `url`/);
+    expect(() => mysqlStore({ url: database.url, maxConnections: 0 })).toThrow(/`maxConnections`/);
+    expect(() => mysqlStore({ url: database.url, tabel: 'x' } as never)).toThrow(/table/);
   });
 
   it('migrate is idempotent, also when run concurrently', async () => {
-    const other = mysqlStore({ uri: database.url, table: 'other_keys' });
+    const other = mysqlStore({ url: database.url, table: 'other_keys' });
     try {
       await Promise.all([other.migrate(), other.migrate(), other.migrate()]);
       await other.migrate();
@@ -307,6 +307,34 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
       }
     });
 
+    it('fails past its bound when the key table is locked, runs nothing, and discards the connection', async () => {
+      const pool = mysql.createPool({ uri: database.url, connectionLimit: 1 });
+      const own = mysqlStore({ pool, table: 'locked_keys' });
+      const locker = await mysql.createConnection({ uri: database.url });
+      try {
+        await own.migrate();
+        // A table lock is no row lock: InnoDB's lock wait, which `waitMs` sets, does not bound it.
+        await locker.query('LOCK TABLES locked_keys WRITE');
+        let ran = false;
+        await expect(
+          own.atomic({ ...claimInput('locked'), timeoutMs: 300, waitMs: 500 }, async () => {
+            ran = true;
+            return { response: textResponse('x'), commit: true };
+          }),
+        ).rejects.toMatchObject({ code: 'PROTOCOL_SEQUENCE_TIMEOUT' });
+        expect(ran).toBe(false);
+        await locker.query('UNLOCK TABLES');
+        // The pool's one connection, its claim possibly still queued on the server, was destroyed:
+        // the next call runs on a new one.
+        expect((await own.atomic(claimInput('locked'), writing('locked'))).outcome).toBe('executed');
+        expect(await effects('locked')).toBe(1);
+      } finally {
+        await locker.end();
+        await own.close();
+        await pool.end();
+      }
+    });
+
     it('leaves the session lock wait as it found it for the handler', async () => {
       const pool = mysql.createPool({ uri: database.url, connectionLimit: 1 });
       const own = mysqlStore({ pool });
@@ -327,7 +355,7 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
   });
 
   it('fails every call with a ConfigError naming `retrysafe migrate`, then works once migrated', async () => {
-    const missing = mysqlStore({ uri: database.url, table: 'missing_keys' });
+    const missing = mysqlStore({ url: database.url, table: 'missing_keys' });
     try {
       for (const call of [
         () => missing.claim(claimInput('k')),
@@ -369,8 +397,8 @@ describe.skipIf(!hasMysql)('mysql store specifics', () => {
         .replace(/\n {2}steps [^\n]*|\n {2}request [^\n]*/g, '')
         .replace(/,\n {2}INDEX `old_keys_abandoned`[^\n]*/, ''),
     );
-    const old = mysqlStore({ uri: database.url, table: 'old_keys' });
-    const auto = mysqlStore({ uri: database.url, table: 'old_keys', migrate: true });
+    const old = mysqlStore({ url: database.url, table: 'old_keys' });
+    const auto = mysqlStore({ url: database.url, table: 'old_keys', migrate: true });
     try {
       await store.pool.query(
         "INSERT INTO old_keys (scope, `key`, fingerprint, token, lease_until_ms, created_at_ms, expires_at_ms) VALUES ('s', 'kept', 'f1', 't', 0, 0, 9999999999999)",

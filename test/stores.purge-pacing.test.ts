@@ -122,7 +122,8 @@ describe('pacedDeletes (the SQLite purge’s statements)', () => {
 
 describe('sqliteStore.purgeExpired: requests run between the purge’s statements', () => {
   it('starts with a DELETE of a few rows, and the event loop turns between statements', async () => {
-    const store = sqliteStore({ filename: ':memory:', driver: 'better-sqlite3' });
+    const store = sqliteStore({ url: ':memory:', driver: 'better-sqlite3' });
+    await store.migrate();
     const database = store.database as InstanceType<typeof Database>;
     const pastMs = Date.now() - 1000;
     database.exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 2000)
@@ -162,6 +163,7 @@ describe('sqliteStore.purgeExpired: the WAL is checkpointed off the serving conn
     const database = new Database(filename);
     database.pragma('journal_mode = WAL');
     const store = sqliteStore({ database });
+    await store.migrate();
     try {
       // 20k records past retention, with random keys as clients send them: every batch dirties
       // pages all over the primary key, so the WAL grows by hundreds of pages a batch.

@@ -78,7 +78,7 @@ export async function run(ctx) {
   const redisPrefix = `${ctx.runId}:jobs:`;
   const stores = {
     memory: memoryStore(),
-    sqlite: sqliteStore({ filename: sqliteFile }),
+    sqlite: sqliteStore({ url: sqliteFile, migrate: true }),
     redis: redisStore({ url: REDIS_URL, prefix: redisPrefix }),
   };
   const perStore = {};

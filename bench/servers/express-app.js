@@ -89,7 +89,7 @@ const contenders = {
 
   'retrysafe-sqlite': async () => {
     const { sqliteStore } = await import('retrysafe/sqlite');
-    return retrysafe(sqliteStore({ filename: SQLITE_FILE }));
+    return retrysafe(sqliteStore({ url: SQLITE_FILE, migrate: true }));
   },
 };
 

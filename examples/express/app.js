@@ -8,7 +8,7 @@ const json = express.json();
 app.use((req, res, next) =>
   json(req, res, (error) => (error ? res.status(error.status).json({ error: error.message }) : next())),
 );
-const store = sqliteStore({ filename: 'idempotency.db' });
+const store = sqliteStore({ url: 'idempotency.db', migrate: true });
 let orders = 0;
 
 app.post('/orders', idempotency({ store, required: true }), (req, res) => {

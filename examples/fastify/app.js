@@ -3,7 +3,7 @@ import { idempotency } from 'retrysafe/fastify';
 import { sqliteStore } from 'retrysafe/sqlite';
 
 const app = Fastify();
-app.register(idempotency, { store: sqliteStore({ filename: 'idempotency.db' }) });
+app.register(idempotency, { store: sqliteStore({ url: 'idempotency.db', migrate: true }) });
 let orders = 0;
 
 // Fastify answers 400 itself to a body that is not JSON or not an order.

@@ -5,8 +5,8 @@ import { sqliteStore } from 'retrysafe/sqlite';
 
 const app = new Hono();
 let orders = 0;
-
-app.use('/orders', idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true }));
+const store = sqliteStore({ url: 'idempotency.db', migrate: true });
+app.use('/orders', idempotency({ store, required: true }));
 app.post('/orders', async (c) => {
   const order = await c.req.json().catch(() => undefined);
   if (typeof order?.item !== 'string') return c.json({ error: 'send a JSON order with an item' }, 400);

@@ -17,7 +17,7 @@ app.use(async (ctx, next) => {
   }
 });
 app.use(bodyParser({ onError: (error, ctx) => ctx.throw(error) }));
-app.use(idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true }));
+app.use(idempotency({ store: sqliteStore({ url: 'idempotency.db', migrate: true }), required: true }));
 app.use((ctx) => {
   if (ctx.method !== 'POST' || ctx.path !== '/orders') return;
   const order = ctx.request.body;

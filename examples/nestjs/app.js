@@ -26,7 +26,7 @@ Controller('orders')(OrdersController);
 
 class AppModule {}
 Module({
-  imports: [RetrysafeModule.forRoot({ store: sqliteStore({ filename: 'idempotency.db' }) })],
+  imports: [RetrysafeModule.forRoot({ store: sqliteStore({ url: 'idempotency.db', migrate: true }) })],
   controllers: [OrdersController],
 })(AppModule);
 

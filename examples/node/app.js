@@ -2,7 +2,7 @@ import http from 'node:http';
 import { idempotency } from 'retrysafe/node';
 import { sqliteStore } from 'retrysafe/sqlite';
 
-const guard = idempotency({ store: sqliteStore({ filename: 'idempotency.db' }), required: true });
+const guard = idempotency({ store: sqliteStore({ url: 'idempotency.db', migrate: true }), required: true });
 let orders = 0;
 
 const server = http.createServer(

@@ -48,7 +48,7 @@ export function parseCharge(body) {
  * in one SQLite transaction). A request without a key is a new charge every time.
  */
 export function openProvider({ filename }) {
-  const store = sqliteStore({ filename });
+  const store = sqliteStore({ url: filename, migrate: true });
   const db = store.database;
   db.exec(SCHEMA);
   const insert = db.prepare(

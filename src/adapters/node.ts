@@ -75,7 +75,7 @@ export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Incom
  * `maxBodyBytes`) into `req.body`, captures the guarded handler's response, saves it, and
  * replays it to retries. The handler's own errors become a 500 after the key is released.
  * @example
- * const guard = idempotency({ store: sqliteStore({ filename: 'app.db' }) });
+ * const guard = idempotency({ store: sqliteStore({ url: 'app.db', migrate: true }) });
  * http.createServer(guard(async (req, res, idem) => { res.writeHead(201).end('made') })).listen(8080);
  */
 export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<Tx>) {

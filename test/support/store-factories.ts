@@ -42,7 +42,7 @@ export const sqlite: StoreFactory = {
   async open() {
     const dir = mkdtempSync(join(tmpdir(), 'retrysafe-adapter-'));
     return {
-      store: sqliteStore({ filename: join(dir, 'keys.db') }),
+      store: sqliteStore({ url: join(dir, 'keys.db'), migrate: true }),
       cleanup: async () => rmSync(dir, { recursive: true, force: true }),
     };
   },
@@ -87,7 +87,7 @@ export const mysql: StoreFactory = {
   available: hasMysql,
   async open() {
     const database = await mysqlDatabase();
-    const store = mysqlStore({ uri: database.url });
+    const store = mysqlStore({ url: database.url });
     await store.migrate();
     return { store, cleanup: database.drop };
   },

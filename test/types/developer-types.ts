@@ -17,7 +17,7 @@ function assertType<T extends true>(_: T): void {}
 
 const store = memoryStore();
 // Naming the driver types the transaction as that driver's connection; without one it is either.
-const sqlite = sqliteStore({ filename: ':memory:', driver: 'better-sqlite3' });
+const sqlite = sqliteStore({ url: ':memory:', driver: 'better-sqlite3', migrate: true });
 assertType<Equal<ReturnType<typeof sqliteStore>['database'], SqliteDatabase>>(true);
 
 // Durations: a number of ms or a string `ms` understands; typos fail to compile.

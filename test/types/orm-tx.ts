@@ -7,9 +7,11 @@ import { drizzle as drizzleMysql, type MySql2Database } from 'drizzle-orm/mysql2
 import type { Knex } from 'knex';
 import knexFactory from 'knex';
 import { type ControlledTransaction, Kysely, PostgresDialect } from 'kysely';
+import type { PoolConnection } from 'mysql2/promise';
 import pg from 'pg';
 import { DataSource, type EntityManager } from 'typeorm';
 import { idempotency } from '../../src/adapters/node.js';
+import { mysqlStore } from '../../src/stores/mysql/index.js';
 import { type DrizzleTransaction, drizzleStore } from '../../src/stores/sql/drivers/drizzle.js';
 import { knexStore } from '../../src/stores/sql/drivers/knex.js';
 import { kyselyStore } from '../../src/stores/sql/drivers/kysely.js';
@@ -57,3 +59,12 @@ idempotency({ store: drizzleStore(mysqlDb), mode: 'atomic' })(async (_req, res, 
   await idem!.tx!.transaction(async (nested) => nested.execute('SELECT 1'));
   res.end();
 });
+
+// mysqlStore, the SQL store over its mysql2 driver: the pool connection holding the transaction.
+idempotency({ store: mysqlStore({ url: 'mysql://localhost/shop' }), mode: 'atomic' })(
+  async (_req, res, idem) => {
+    assertType<Equal<NonNullable<typeof idem>['tx'], PoolConnection | undefined>>(true);
+    await idem!.tx!.query('INSERT INTO orders (item) VALUES (?)', ['book']);
+    res.end();
+  },
+);

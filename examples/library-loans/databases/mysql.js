@@ -56,7 +56,7 @@ export async function openMysql({ url, setup }) {
       await admin.end();
     }
   }
-  const store = mysqlStore({ uri: url });
+  const store = mysqlStore({ url: url });
   const { pool } = store;
   if (setup) {
     await store.migrate();

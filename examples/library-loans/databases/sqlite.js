@@ -49,7 +49,7 @@ const SECRET_TABLE = 'CREATE TABLE IF NOT EXISTS desk_secret (name TEXT PRIMARY 
  * `store.transaction`, which queues behind a transaction left open by a request in flight instead
  * of joining it (a keyless loan must not vanish with another request's rollback). Reads use a
  * second, read-only connection: in WAL mode it sees only committed loans and never waits for the
- * write lock. `setup: true` creates the file, the tables and the catalog when missing; the process
+ * write lock. `setup: true` creates the file, the tables (the key store's too) and the catalog when missing; the process
  * that starts first runs it, later runs change nothing. Without it the file must exist. `now`,
  * when given, is the key store's clock (`npm run demo` moves it). `driver` (optional) picks
  * better-sqlite3 or node:sqlite; by default the store's choice. Only SQL both drivers run alike
@@ -59,14 +59,14 @@ const SECRET_TABLE = 'CREATE TABLE IF NOT EXISTS desk_secret (name TEXT PRIMARY 
 export async function openSqlite({ filename, setup, now, driver }) {
   // Only a setup may create the file: anything else (`npm run purge`) on a mistyped path must fail
   // rather than leave an empty database there.
-  const store = setup ? sqliteStore({ filename, now, driver }) : undefined;
+  const store = setup ? sqliteStore({ url: filename, now, driver, migrate: true }) : undefined;
   let reader;
   try {
     reader = openReader(filename, store?.driver ?? driver);
   } catch (error) {
     throw new Error(`cannot open the SQLite database ${filename}: ${error.message}`);
   }
-  return openTables(store ?? sqliteStore({ filename, now, driver }), reader, { setup, now });
+  return openTables(store ?? sqliteStore({ url: filename, now, driver }), reader, { setup, now });
 }
 
 const load = createRequire(import.meta.url);
@@ -92,6 +92,7 @@ async function openTables(store, reader, { setup, now }) {
   const db = store.database;
   db.exec('PRAGMA foreign_keys = ON');
   if (setup) {
+    await store.migrate();
     await store.transaction(() => {
       db.exec(SCHEMA);
       const columns = db

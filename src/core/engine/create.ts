@@ -31,7 +31,7 @@ const PASS: Outcome = Object.freeze({ kind: 'pass' });
 /**
  * Creates the engine adapters wrap. Options are checked here, once.
  * @example
- * const idempotency = createIdempotency({ store: sqliteStore({ filename: 'app.db' }), ttl: '7d' });
+ * const idempotency = createIdempotency({ store: sqliteStore({ url: 'app.db', migrate: true }), ttl: '7d' });
  */
 export function createIdempotency<Req = unknown, Tx = unknown>(
   options: IdempotencyOptions<Req, Tx>,

@@ -22,7 +22,7 @@ import { jsonProblem, LONE_SURROGATE } from './json-value.js';
 export interface IdempotentOptions<Input, Tx = unknown> {
   /**
    * Where records live, shared with HTTP routes or not: `memoryStore()`, `sqliteStore()`, … Required.
-   * @example store: sqliteStore({ filename: 'app.db' })
+   * @example store: sqliteStore({ url: 'app.db', migrate: true })
    */
   store: IdempotencyStore | AtomicStore<Tx>;
   /**
@@ -102,7 +102,8 @@ export interface IdempotentOptions<Input, Tx = unknown> {
   onEvent?: IdempotencyEventListener;
 }
 
-const IDEMPOTENT_OPTION_NAMES = optionNames<IdempotentOptions<unknown>>({
+/** The names `idempotent()` accepts, for the mutation guards that take its options. */
+export const IDEMPOTENT_OPTION_NAMES = optionNames<IdempotentOptions<unknown>>({
   store: true,
   key: true,
   fingerprint: true,

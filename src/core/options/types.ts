@@ -51,7 +51,7 @@ export interface IdempotencyOptions<Req = unknown, Tx = unknown> {
   /**
    * Where records live: `memoryStore()`, `sqliteStore()`, `postgresStore()`, `redisStore()`.
    * Required; it has no default.
-   * @example store: sqliteStore({ filename: 'app.db' })
+   * @example store: sqliteStore({ url: 'app.db', migrate: true })
    */
   store: IdempotencyStore | AtomicStore<Tx>;
   /**

@@ -1,5 +1,5 @@
 import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from '../../core/contract/index.js';
-import type { SqlResult } from './driver.js';
+import type { SqlResult, StatementBound } from './driver.js';
 
 /** One statement in the driver's placeholders, with its values. */
 export interface Statement {
@@ -7,8 +7,15 @@ export interface Statement {
   values: readonly unknown[];
 }
 
-/** Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it. */
-export type Run = <Row>(text: string, values?: readonly unknown[]) => Promise<SqlResult<Row>>;
+/**
+ * Runs a statement on whatever the caller holds: the driver (autocommit) or a transaction of it,
+ * where a driver that can bounds it client side by `bound` (see `SqlDriver.queryIn`).
+ */
+export type Run = <Row>(
+  text: string,
+  values?: readonly unknown[],
+  bound?: StatementBound,
+) => Promise<SqlResult<Row>>;
 
 /**
  * What the SQL store asks of a dialect: its texts (written once per dialect, shared with the

@@ -6,6 +6,25 @@ export interface SqlResult<Row = Record<string, unknown>> {
   rows: Row[];
   /** Rows inserted, updated or deleted; 0 for a SELECT. */
   affected: number;
+  /**
+   * MySQL's `LAST_INSERT_ID()` after the statement, where the driver reports it (mysql2 does): a
+   * claim's says whether it inserted its row, sparing the read back.
+   */
+  insertId?: number;
+}
+
+/** A client-side bound on one of the store's statements. */
+export interface StatementBound {
+  timeoutMs: number;
+}
+
+/** What the store asks of a transaction beyond running it, where the driver can honour it. */
+export interface TransactionOptions {
+  /**
+   * How long getting a connection for it may take before `transaction()` rejects (running
+   * nothing), so a starved pool fails the call within the store's timeout instead of queueing it.
+   */
+  acquireTimeoutMs?: number;
 }
 
 /**
@@ -32,12 +51,17 @@ export interface SqlDriver<Tx> {
    * Opens a transaction the application's way and runs `work` in it: commits when `work`
    * resolves, rolls back when it throws, and rethrows what it threw.
    */
-  transaction<T>(work: (tx: Tx) => Promise<T>): Promise<T>;
-  /** Runs one statement inside `tx`, a transaction `transaction()` opened. */
+  transaction<T>(work: (tx: Tx) => Promise<T>, options?: TransactionOptions): Promise<T>;
+  /**
+   * Runs one statement inside `tx`, a transaction `transaction()` opened. A driver that can bound
+   * it client side honours `bound.timeoutMs` (the store's own statements only, never a handler's):
+   * past it the statement fails and the transaction's connection is discarded, not reused.
+   */
   queryIn<Row = Record<string, unknown>>(
     tx: Tx,
     sql: string,
     params: readonly unknown[],
+    bound?: StatementBound,
   ): Promise<SqlResult<Row>>;
   /**
    * The database's own code for `error` (PostgreSQL's SQLSTATE such as `55P03`, MySQL's such as
@@ -50,6 +74,11 @@ export interface SqlDriver<Tx> {
    * in this process and has no clock of its own in ms). Absent: `Date.now`.
    */
   now?(): number;
+  /**
+   * How often a wait reads the record: first after `firstPollMs`, doubled up to `maxPollMs` (the
+   * SQLite store's `pollIntervalMs` and `maxPollIntervalMs`). Absent: the stores' defaults.
+   */
+  readonly pollDelays?: { firstPollMs: number; maxPollMs: number };
 }
 
 /**

@@ -34,7 +34,7 @@ import { postgresDialect } from './dialects/postgres.js';
 import { sqliteDialect } from './dialects/sqlite.js';
 import type { SqlDriver } from './driver.js';
 
-export type { SqlDialect, SqlDriver, SqlResult } from './driver.js';
+export type { SqlDialect, SqlDriver, SqlResult, StatementBound, TransactionOptions } from './driver.js';
 
 /** Options of {@link sqlStore} and of each ORM's store (`drizzleStore`, `prismaStore`, …). */
 export interface SqlStoreOptions {
@@ -123,6 +123,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
   const waiters = new Waiters();
   const deduplicated = atomicInFlight();
   let migrating: Promise<void> | undefined;
+  let closed = false;
 
   const autocommit: Run = (text, values = []) => driver.query(text, values);
   const query = <Row>({ text, values }: Statement) => driver.query<Row>(text, values);
@@ -183,6 +184,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
+    const transactionOptions = { acquireTimeoutMs: timeoutMs };
     let token: string | undefined;
     if (dialect.settled) {
       const settled = await beforeWork(() => dialect.settled!(autocommit, input));
@@ -192,8 +194,8 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     try {
       for (let attempt = 1; ; attempt++) {
         try {
-          return await driver.transaction(async (tx) => {
-            const run: Run = (text, values = []) => driver.queryIn(tx, text, values);
+          const committed = await driver.transaction(async (tx) => {
+            const run: Run = (text, values = [], bound) => driver.queryIn(tx, text, values, bound);
             const claimed = await beforeWork(() => dialect.boundedClaim(run, claim, waitMs, timeoutMs));
             if (!claimed) throw new ClaimAgain();
             if (claimed.outcome !== 'acquired') throw new RollBack(claimed);
@@ -224,7 +226,9 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
               });
             }
             return { outcome: 'executed', response: result.response, committed: true } as const;
-          });
+          }, transactionOptions);
+          waiters.wake(recordId(input.scope, input.key));
+          return committed;
         } catch (error) {
           if (!(error instanceof ClaimAgain)) throw error;
           if (attempt === CLAIM_ATTEMPTS) return { outcome: 'in_progress', retryAfterMs: 0 };
@@ -304,10 +308,17 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     },
 
     async wait(scope, key, timeoutMs) {
-      await pollUntilSettled(waiters, recordId(scope, key), timeoutMs, async () => {
-        const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
-        return rows[0] ? Number(rows[0].lease_left_ms) : null;
-      });
+      await pollUntilSettled(
+        waiters,
+        recordId(scope, key),
+        timeoutMs,
+        async () => {
+          if (closed) return null;
+          const { rows } = await own(() => query<{ lease_left_ms: string }>(dialect.leaseLeft(scope, key)));
+          return rows[0] ? Number(rows[0].lease_left_ms) : null;
+        },
+        driver.pollDelays,
+      );
     },
 
     async purgeExpired(batchSize = DEFAULT_PURGE_BATCH_SIZE) {
@@ -346,6 +357,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
 
     async close() {
       // The driver's connections are the application's: the store opened nothing of its own.
+      closed = true;
       waiters.wakeAll();
     },
   };

@@ -35,8 +35,22 @@ export class SerialQueue {
   }
 
   run<T>(fn: () => T | Promise<T>): Promise<T> {
+    // Nothing ahead: `fn` runs in this turn, and only a `fn` that is still running holds the queue.
+    if (this.#pending === 0) {
+      let value: T | Promise<T>;
+      try {
+        value = fn();
+      } catch (error) {
+        return Promise.reject(error);
+      }
+      if (!(value instanceof Promise)) return Promise.resolve(value);
+      return this.#hold(value);
+    }
+    return this.#hold(this.#tail.then(fn));
+  }
+
+  #hold<T>(result: Promise<T>): Promise<T> {
     this.#pending++;
-    const result = this.#tail.then(fn);
     this.#tail = result.then(
       () => void this.#pending--,
       () => void this.#pending--,
@@ -62,7 +76,9 @@ interface Compiled {
 
 /** A SQL driver over one SQLite connection, with what only SQLite needs. */
 export interface SqliteDriver<D extends SqliteDatabase = SqliteDatabase> extends SqlDriver<D> {
-  readonly name: SqliteDriverName;
+  readonly name: 'sqlite';
+  /** The binding the connection belongs to. */
+  readonly binding: SqliteDriverName;
   /** The connection: every statement runs on it, and it is `tx` in a transaction. */
   readonly database: D;
   /** The connection's busy timeout: how long a write waits for another connection's lock. */
@@ -90,7 +106,7 @@ export interface SqliteDriver<D extends SqliteDatabase = SqliteDatabase> extends
  */
 export function sqliteDriver<D extends SqliteDatabase>(
   database: D,
-  options: { now?: () => number } = {},
+  options: Pick<SqlDriver<D>, 'now' | 'pollDelays'> = {},
 ): SqliteDriver<D> {
   const db = driverOf(database);
   const busyTimeoutMs = Object.values(db.prepare('PRAGMA busy_timeout').get() as object)[0] as number;
@@ -121,8 +137,10 @@ export function sqliteDriver<D extends SqliteDatabase>(
     return found;
   }
 
-  function run<Row>(text: string, params: readonly unknown[]): SqlResult<Row> {
-    const { statement, reader, readonly } = compile(text);
+  function execute<Row>(
+    { statement, reader, readonly }: Compiled,
+    params: readonly unknown[],
+  ): SqlResult<Row> {
     if (!reader) return { rows: [], affected: Number(statement.run(...params).changes) };
     const rows = statement.all(...params) as Row[];
     return { rows, affected: readonly ? 0 : rows.length };
@@ -168,14 +186,13 @@ export function sqliteDriver<D extends SqliteDatabase>(
   }
 
   /**
-   * `BEGIN IMMEDIATE`, again on `SQLITE_BUSY` until the busy timeout has passed; only a lock held
-   * by another connection costs a promise, a free one is taken in this turn.
+   * Runs `attempt`, which takes the write lock without waiting for it, again on `SQLITE_BUSY`
+   * until `deadlineMs`. Only a lock held by another connection costs a promise; a free one is
+   * taken in this turn.
    */
-  function begin(): Promise<void> | undefined {
-    const deadlineMs = Date.now() + busyTimeoutMs;
+  function whenUnlocked<T>(deadlineMs: number, attempt: () => T): T | Promise<T> {
     try {
-      beginImmediate();
-      return undefined;
+      return attempt();
     } catch (error) {
       if (!isBusy(error, deadlineMs)) throw error;
     }
@@ -183,7 +200,7 @@ export function sqliteDriver<D extends SqliteDatabase>(
       for (let pauseMs = 1; ; pauseMs = Math.min(pauseMs * 2, MAX_LOCK_RETRY_MS)) {
         await sleep(timerMs(Math.max(1, Math.min(pauseMs, deadlineMs - Date.now()))));
         try {
-          return beginImmediate();
+          return attempt();
         } catch (error) {
           if (!isBusy(error, deadlineMs)) throw error;
         }
@@ -191,13 +208,38 @@ export function sqliteDriver<D extends SqliteDatabase>(
     })();
   }
 
+  /**
+   * One statement in autocommit: a write waits for another connection's lock without blocking
+   * the event loop (inside a transaction the connection holds the lock already, and a read in WAL
+   * never waits).
+   */
+  function autocommit<Row>(
+    deadlineMs: number,
+    text: string,
+    params: readonly unknown[],
+  ): SqlResult<Row> | Promise<SqlResult<Row>> {
+    const statement = compile(text);
+    if (statement.readonly || db.inTransaction()) return execute<Row>(statement, params);
+    return whenUnlocked(deadlineMs, () => {
+      db.exec('PRAGMA busy_timeout = 0');
+      try {
+        return execute<Row>(statement, params);
+      } finally {
+        db.exec(restoreBusy);
+      }
+    });
+  }
+
   function transaction<T>(work: (tx: D) => Promise<T>): Promise<T> {
     const nested = frames.getStore()?.open === true;
+    // The busy timeout counts from the call: time queued behind this process's own transactions
+    // is time waited for the lock too.
+    const deadlineMs = Date.now() + busyTimeoutMs;
     return exclusive(async () => {
       const savepoint = nested ? `retrysafe_${++savepoints}` : undefined;
       if (savepoint) db.exec(`SAVEPOINT ${savepoint}`);
       else {
-        const waiting = begin();
+        const waiting = whenUnlocked(deadlineMs, beginImmediate);
         if (waiting) await waiting;
       }
       const frame: Frame = { open: true, queue: new SerialQueue() };
@@ -225,13 +267,18 @@ export function sqliteDriver<D extends SqliteDatabase>(
 
   return {
     dialect: 'sqlite',
-    name: db.name,
+    name: 'sqlite',
+    binding: db.name,
     database,
     busyTimeoutMs,
     now: options.now,
-    query: (text, params) => exclusive(() => run(text, params)),
+    pollDelays: options.pollDelays,
+    query(text, params) {
+      const deadlineMs = Date.now() + busyTimeoutMs;
+      return exclusive(() => autocommit(deadlineMs, text, params));
+    },
     // The caller is inside the transaction's work: the connection is its.
-    queryIn: async (_tx, text, params) => run(text, params),
+    queryIn: async (_tx, text, params) => execute(compile(text), params),
     transaction,
     errorCode: sqliteErrorCode,
     exclusive,

@@ -5,7 +5,7 @@ import { toBuffer } from '../../internal.js';
 import { identifier, mysqlMigrationSql } from '../../mysql/migrate.js';
 import { claimOfRecord, claimValues, type RecordRow, statements } from '../../mysql/statements.js';
 import type { Run, Statement, StoreDialect } from '../dialect.js';
-import type { SqlDriver } from '../driver.js';
+import type { SqlDriver, StatementBound } from '../driver.js';
 import { positional } from '../placeholders.js';
 
 const ER_NO_SUCH_TABLE = 'ER_NO_SUCH_TABLE';
@@ -17,8 +17,6 @@ const ER_UNKNOWN_SYSTEM_VARIABLE = 'ER_UNKNOWN_SYSTEM_VARIABLE';
 /** Concurrent inserts of one new key can deadlock on its gap lock (InnoDB picks a victim): ask again. */
 const CLAIM_ATTEMPTS = 4;
 
-/** RECORD's row, however the driver decodes it (flags as numbers, a bigint difference as text). */
-
 /** A statement of the `mysql` store (`:name` placeholders) as the driver takes it (`?`). */
 function named(text: string, values: Readonly<Record<string, unknown>>): Statement {
   const statement = positional(text, values);
@@ -27,8 +25,9 @@ function named(text: string, values: Readonly<Record<string, unknown>>): Stateme
 
 /**
  * The MySQL/MariaDB dialect of the SQL store: the `mysql` store's statements
- * (mysql/statements.ts) over a driver. A claim is its `INSERT … ON DUPLICATE KEY UPDATE`, then
- * the record read back (a driver need not give the insert id): our token there means acquired.
+ * (mysql/statements.ts) over a driver. A claim is its `INSERT … ON DUPLICATE KEY UPDATE`, then,
+ * unless the driver's insert id says it inserted the row, the record read back: our token there
+ * means acquired.
  */
 export function mysqlDialect(
   driver: Pick<SqlDriver<unknown>, 'errorCode'>,
@@ -40,13 +39,19 @@ export function mysqlDialect(
   let guardedCompletion = true;
 
   /** One round of a claim: the claim, then the row it met; `undefined` when that row changed between. */
-  async function claimOnce(run: Run, input: ClaimInput): Promise<ClaimResult | undefined> {
+  async function claimOnce(
+    run: Run,
+    input: ClaimInput,
+    bound?: StatementBound,
+  ): Promise<ClaimResult | undefined> {
     const token = randomUUID();
     const values = claimValues(input, token);
     const claim = named(sql.CLAIM, values);
-    await run(claim.text, claim.values);
+    // LAST_INSERT_ID 0: the claim inserted the row, ours (statements.ts); a driver that reports
+    // none has the row read back.
+    if ((await run(claim.text, claim.values, bound)).insertId === 0) return { outcome: 'acquired', token };
     const record = named(sql.RECORD, values);
-    return claimOfRecord((await run<RecordRow>(record.text, record.values)).rows[0], token, input);
+    return claimOfRecord((await run<RecordRow>(record.text, record.values, bound)).rows[0], token, input);
   }
 
   const completeValues = (scope: string, key: string, token: string, response: StoredResponse) => ({
@@ -78,14 +83,16 @@ export function mysqlDialect(
       }
       return { outcome: 'in_progress', retryAfterMs: 0 };
     },
-    async boundedClaim(run, input, waitMs) {
+    async boundedClaim(run, input, waitMs, timeoutMs) {
       // InnoDB bounds a row-lock wait (a duplicate's) in whole seconds only, set for the session
-      // around the claim; no session bound of MySQL's covers every other statement, so `timeoutMs`
-      // has no server-side counterpart here.
-      const bound = named(sql.BOUND_LOCK_WAIT, { seconds: Math.max(1, Math.ceil(waitMs / 1000)) });
+      // around the claim; no session bound of MySQL's covers every other statement (a table lock,
+      // a server that stopped answering), so `timeoutMs` bounds the claim client side, where the
+      // driver can.
+      const seconds = Math.max(1, Math.ceil(waitMs / 1000));
+      const bound = named(sql.BOUND_LOCK_WAIT, { seconds });
       await run(bound.text, bound.values);
       try {
-        return await claimOnce(run, input);
+        return await claimOnce(run, input, { timeoutMs: timeoutMs + seconds * 1000 });
       } catch (error) {
         const code = driver.errorCode(error);
         // The wait timed out: only the statement rolled back; the store rolls back the rest.

@@ -91,9 +91,11 @@ export function sqliteDialect(
     migrateHint: `\`retrysafe migrate --database-url <file> --table ${table}\``,
     missing: (code, error) => code === 'SQLITE_ERROR' && /no such (table|column)/i.test(messagesOf(error)),
     async migrate(run) {
-      for (const statement of sqliteMigrationSql({ table })) await run(statement);
+      // A table made before steps existed gets their columns before the indexes over them.
+      const [create, ...indexes] = sqliteMigrationSql({ table });
+      await run(create!);
       const { rows } = await run<{ name: string }>(tableColumnsSql(table));
-      for (const statement of stepColumnsSql(table, rows)) await run(statement);
+      for (const statement of [...stepColumnsSql(table, rows), ...indexes]) await run(statement);
     },
     async claim(run, input) {
       const completed = completedOf(await record(run, input), input, now());
