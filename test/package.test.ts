@@ -246,6 +246,8 @@ const ORM_PEERS: Record<string, string[]> = {
   knex: ['knex', 'pg'],
   typeorm: ['typeorm', 'pg', 'reflect-metadata'],
   prisma: ['@prisma/client', '@prisma/adapter-pg', 'pg'],
+  sequelize: ['sequelize', 'pg'],
+  'mikro-orm': ['@mikro-orm/core', '@mikro-orm/knex', '@mikro-orm/postgresql'],
 };
 const ORMS = Object.keys(ORM_PEERS).filter((orm) => existsSync(join(root, 'examples/orm', orm, 'app.js')));
 

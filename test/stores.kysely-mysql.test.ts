@@ -10,9 +10,12 @@ import {
 import mysql from 'mysql2';
 import { describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/core/contract/index.js';
+import type { SqlDriver } from '../src/stores/sql/driver.js';
 import { type KyselyTx, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
 import { positional } from '../src/stores/sql/placeholders.js';
+import { sqlStore } from '../src/stores/sql/store.js';
 import { describeMysqlOrmStore } from './conformance/orm-mysql-suite.js';
+import { kyselyNested } from './support/kysely.js';
 import { hasMysql } from './support/services.js';
 
 describe.skipIf(!hasMysql)('kysely on MariaDB', () => {
@@ -23,16 +26,8 @@ describe.skipIf(!hasMysql)('kysely on MariaDB', () => {
     return {
       store: (options) => kyselyStore(db, options),
       insert: (tx, table) => sql`INSERT INTO ${sql.raw(table)} () VALUES ()`.execute(tx),
-      async nested(tx, work) {
-        const inner = await tx.savepoint('nested').execute();
-        try {
-          await work(inner);
-        } catch (error) {
-          await inner.rollbackToSavepoint('nested').execute();
-          throw error;
-        }
-        await inner.releaseSavepoint('nested').execute();
-      },
+      // Kysely nests with a savepoint on its controlled transaction.
+      nested: kyselyNested,
       end: { commit: (tx) => tx.commit().execute(), rollback: (tx) => tx.rollback().execute() },
       rawCommit: (tx) => sql`COMMIT`.execute(tx),
       close: () => db.destroy(),
@@ -55,16 +50,24 @@ describe('positional: the mysql store’s :name placeholders as ?', () => {
 });
 
 describe('sqlStore: the dialects', () => {
-  it('has none for SQLite over a driver yet: a ConfigError naming the store to use', () => {
-    const db = new Kysely<any>({
-      dialect: {
-        createAdapter: () => new SqliteAdapter(),
-        createDriver: () => new DummyDriver(),
-        createIntrospector: (kysely) => new SqliteIntrospector(kysely),
-        createQueryCompiler: () => new SqliteQueryCompiler(),
-      },
-    });
-    expect(() => kyselyStore(db)).toThrow(ConfigError);
-    expect(() => kyselyStore(db)).toThrow(/retrysafe\/sqlite/);
+  it('refuses a driver of a dialect it has no SQL for, naming it', () => {
+    const driver = {
+      ...kyselyStore(sqliteKysely()).driver,
+      dialect: 'oracle',
+    } as unknown as SqlDriver<unknown>;
+    expect(() => sqlStore(driver)).toThrow(ConfigError);
+    expect(() => sqlStore(driver)).toThrow(/no SQL dialect "oracle"/);
   });
 });
+
+/** A Kysely on SQLite that never connects. */
+function sqliteKysely() {
+  return new Kysely<any>({
+    dialect: {
+      createAdapter: () => new SqliteAdapter(),
+      createDriver: () => new DummyDriver(),
+      createIntrospector: (kysely) => new SqliteIntrospector(kysely),
+      createQueryCompiler: () => new SqliteQueryCompiler(),
+    },
+  });
+}

@@ -12,6 +12,7 @@ import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { type KyselyTx, kyselyDriver, kyselyStore } from '../src/stores/sql/drivers/kysely.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
+import { kyselyNested } from './support/kysely.js';
 import { hasPostgres, PG_URL } from './support/services.js';
 
 describe.skipIf(!hasPostgres)('kysely', () => {
@@ -23,16 +24,7 @@ describe.skipIf(!hasPostgres)('kysely', () => {
       store: (options) => kyselyStore(db, options),
       insert: (tx, table) => sql`INSERT INTO ${sql.raw(table)} DEFAULT VALUES`.execute(tx),
       // Kysely nests with a savepoint on its controlled transaction.
-      async nested(tx, work) {
-        const inner = await tx.savepoint('nested').execute();
-        try {
-          await work(inner);
-        } catch (error) {
-          await inner.rollbackToSavepoint('nested').execute();
-          throw error;
-        }
-        await inner.releaseSavepoint('nested').execute();
-      },
+      nested: kyselyNested,
       rawCommit: (tx) => sql`COMMIT`.execute(tx),
       end: { commit: (tx) => tx.commit().execute(), rollback: (tx) => tx.rollback().execute() },
       close: () => db.destroy(),

@@ -14,7 +14,7 @@ import { PG_URL, uniqueName } from './services.js';
 const ROOT = path.resolve(import.meta.dirname, '../..');
 
 /** Every ORM with a quick start promised; the tests run those whose app exists. */
-export const ORMS = ['drizzle', 'kysely', 'knex', 'typeorm', 'prisma'] as const;
+export const ORMS = ['drizzle', 'kysely', 'knex', 'typeorm', 'prisma', 'sequelize', 'mikro-orm'] as const;
 export type Orm = (typeof ORMS)[number];
 
 export const ormAppPath = (orm: Orm): string => path.join(ROOT, 'examples/orm', orm, 'app.js');

@@ -2,8 +2,9 @@ import { is, type SQL, sql } from 'drizzle-orm';
 import { MySqlDatabase, type MySqlQueryResultHKT, type MySqlTransaction } from 'drizzle-orm/mysql-core';
 import { PgDatabase, type PgQueryResultHKT, type PgTransaction } from 'drizzle-orm/pg-core';
 import { ConfigError } from '../../../core/contract/index.js';
-import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
+import { databaseErrorCode, type SqlDialect, type SqlDriver } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+import { mysqlResultOf, pgResultOf } from './results.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
@@ -40,26 +41,6 @@ function drizzleSql(dialect: 'postgres' | 'mysql', text: string, params: readonl
 }
 
 /**
- * mysql2 answers `[rows, fields]`: the rows of a SELECT, or a `ResultSetHeader` whose
- * `affectedRows` counts the rows a write matched (mysql2 asks the server for found rows).
- */
-function mysqlResultOf<Row>(result: unknown): SqlResult<Row> {
-  const [first] = result as [Row[] | { affectedRows?: number }];
-  if (Array.isArray(first)) return { rows: first, affected: 0 };
-  return { rows: [], affected: Number(first.affectedRows ?? 0) };
-}
-
-/** node-postgres answers a `QueryResult` (whose `rowCount` counts a SELECT's rows too), postgres.js an array with a `count`. */
-function resultOf<Row>(result: unknown): SqlResult<Row> {
-  if (Array.isArray(result)) {
-    const { count, command } = result as { count?: number; command?: string };
-    return { rows: result as Row[], affected: command === 'SELECT' ? 0 : Number(count ?? 0) };
-  }
-  const { rows, rowCount, command } = result as { rows: Row[]; rowCount: number | null; command?: string };
-  return { rows, affected: command === 'SELECT' ? 0 : (rowCount ?? 0) };
-}
-
-/**
  * Drizzle (PostgreSQL: node-postgres or postgres.js; MySQL or MariaDB: mysql2) as a SQL store's
  * driver: its `transaction()` opens the operation's transaction, and a handler's
  * `tx.transaction()` nests as a savepoint.
@@ -77,7 +58,7 @@ export function drizzleDriver<D extends AnyPgDatabase | AnyMySqlDatabase>(
       'drizzleStore: give a Drizzle PostgreSQL database (drizzle-orm/node-postgres or postgres-js) or a MySQL one (drizzle-orm/mysql2)',
     );
   }
-  const decode = dialect === 'postgres' ? resultOf : mysqlResultOf;
+  const decode = dialect === 'postgres' ? pgResultOf : mysqlResultOf;
   // Both database classes have `execute(sql)` and `transaction(work)`; only their types differ.
   const on = db as unknown as {
     execute(query: SQL): Promise<unknown>;

@@ -3,6 +3,7 @@ import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
 import { knexPlaceholders } from './knex-placeholders.js';
+import { mysqlResultOf } from './results.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
@@ -17,25 +18,41 @@ async function runPostgres<Row>(on: Knex, sql: string, params: readonly unknown[
   return { rows: result.rows ?? [], affected: changed ? (result.rowCount ?? 0) : 0 };
 }
 
-/**
- * On mysql2, Knex answers a raw statement with mysql2's `[rows, fields]`: the rows of a SELECT,
- * or a `ResultSetHeader` whose `affectedRows` counts the rows a write matched (mysql2 asks the
- * server for found rows, so an UPDATE that sets a value it already had still counts).
- */
+/** On mysql2, Knex answers a raw statement with mysql2's `[rows, fields]`. */
 async function runMysql<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
-  const [result] = (await on.raw(sql, params as Knex.RawBinding[])) as [Row[] | { affectedRows?: number }];
+  return mysqlResultOf(await on.raw(sql, params as Knex.RawBinding[]));
+}
+
+/**
+ * On better-sqlite3, Knex answers a raw statement that returns rows (a SELECT, a RETURNING) with
+ * them, and any other with better-sqlite3's `{ changes }`.
+ */
+async function runSqlite<Row>(on: Knex, sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
+  const result = (await on.raw(sql, params as Knex.RawBinding[])) as Row[] | { changes?: number };
   if (Array.isArray(result)) return { rows: result, affected: 0 };
-  return { rows: [], affected: Number(result.affectedRows ?? 0) };
+  return { rows: [], affected: Number(result.changes ?? 0) };
 }
 
 /** The clients of Knex's that retrysafe speaks to, by the driver they run on. */
 const DIALECTS: Record<string, { dialect: SqlDialect; run: typeof runPostgres }> = {
   pg: { dialect: 'postgres', run: runPostgres },
   mysql2: { dialect: 'mysql', run: runMysql },
+  'better-sqlite3': { dialect: 'sqlite', run: runSqlite },
 };
 
 /**
- * A SQL driver over a Knex instance (PostgreSQL on `pg`, MySQL or MariaDB on `mysql2`): retrysafe's statements run as `raw` ones, and
+ * How retrysafe's statements run on `knex` (or on a transaction of it): its dialect and a runner,
+ * by the client Knex runs on; `undefined` for a client retrysafe does not speak to. Shared with
+ * the ORMs built on Knex (MikroORM).
+ */
+export function knexStatements(knex: Knex): (typeof DIALECTS)[string] | undefined {
+  const driverName = String(knex.client.driverName);
+  return Object.hasOwn(DIALECTS, driverName) ? DIALECTS[driverName] : undefined;
+}
+
+/**
+ * A SQL driver over a Knex instance (PostgreSQL on `pg`, MySQL or MariaDB on `mysql2`, SQLite on
+ * `better-sqlite3`): retrysafe's statements run as `raw` ones, and
  * an operation's transaction is a `knex.transaction()`, whose `trx` the handler gets as `ctx.tx`;
  * a `trx.transaction()` it opens nests as a savepoint, the Knex way.
  * @example
@@ -43,11 +60,10 @@ const DIALECTS: Record<string, { dialect: SqlDialect; run: typeof runPostgres }>
  * const store = sqlStore(knexDriver(knex), { migrate: true });
  */
 export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
-  const driverName = String(knex.client.driverName);
-  const found = Object.hasOwn(DIALECTS, driverName) ? DIALECTS[driverName] : undefined;
+  const found = knexStatements(knex);
   if (!found) {
     throw new ConfigError(
-      `knexDriver: Knex runs on ${driverName}; retrysafe's Knex driver runs on pg (PostgreSQL) and mysql2 (MySQL, MariaDB)`,
+      `knexDriver: Knex runs on ${String(knex.client.driverName)}; retrysafe's Knex driver runs on pg (PostgreSQL), mysql2 (MySQL, MariaDB) and better-sqlite3 (SQLite)`,
     );
   }
   const { dialect, run } = found;
@@ -84,7 +100,7 @@ export function knexDriver(knex: Knex): SqlDriver<Knex.Transaction> {
 }
 
 /**
- * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a Knex instance writes to. In atomic mode a
+ * A retrysafe store on the PostgreSQL, MySQL, MariaDB or SQLite database a Knex instance writes to. In atomic mode a
  * handler's `ctx.tx` is the Knex transaction (`trx`) holding the key: the key, the handler's
  * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
  * savepoint inside it.

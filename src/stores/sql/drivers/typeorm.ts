@@ -1,3 +1,4 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
 import type { DataSource, EntityManager, QueryRunner } from 'typeorm';
 import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
@@ -20,7 +21,8 @@ async function run<Row>(
 }
 
 /**
- * A SQL driver over a TypeORM `DataSource` (PostgreSQL; MySQL or MariaDB on mysql2): retrysafe's statements run as raw
+ * A SQL driver over a TypeORM `DataSource` (PostgreSQL; MySQL or MariaDB on mysql2; SQLite on
+ * better-sqlite3): retrysafe's statements run as raw
  * queries, and an operation's transaction is a `dataSource.transaction()`, whose `EntityManager`
  * the handler gets as `ctx.tx`; a `manager.transaction()` it opens there nests as a savepoint,
  * the TypeORM way.
@@ -31,24 +33,39 @@ async function run<Row>(
 export function typeormDriver(dataSource: DataSource): SqlDriver<EntityManager> {
   const { type } = dataSource.options;
   const dialect: SqlDialect | undefined =
-    type === 'postgres' ? 'postgres' : type === 'mysql' || type === 'mariadb' ? 'mysql' : undefined;
+    type === 'postgres'
+      ? 'postgres'
+      : type === 'mysql' || type === 'mariadb'
+        ? 'mysql'
+        : type === 'better-sqlite3'
+          ? 'sqlite'
+          : undefined;
   if (!dialect) {
     throw new ConfigError(
-      `typeormDriver: the DataSource's type is ${type}; retrysafe's TypeORM driver runs on postgres, mysql and mariadb`,
+      `typeormDriver: the DataSource's type is ${type}; retrysafe's TypeORM driver runs on postgres, mysql, mariadb and better-sqlite3`,
     );
   }
+  const inTurn = dialect === 'sqlite' ? oneAtATime(dataSource) : <T>(fn: () => Promise<T>) => fn();
   return {
     dialect,
     name: 'typeorm',
-    async query(sql, params) {
-      const runner = dataSource.createQueryRunner();
-      try {
-        return await run(runner, sql, params);
-      } finally {
-        await runner.release();
-      }
-    },
-    transaction: (work) => dataSource.transaction((manager) => work(manager)),
+    query: (sql, params) =>
+      inTurn(async () => {
+        const runner = dataSource.createQueryRunner();
+        try {
+          return await run(runner, sql, params);
+        } finally {
+          await runner.release();
+        }
+      }),
+    transaction: (work) =>
+      inTurn(async () => {
+        try {
+          return await dataSource.transaction((manager) => work(manager));
+        } finally {
+          if (dialect === 'sqlite') forgetEndedTransaction(dataSource);
+        }
+      }),
     queryIn(tx, sql, params) {
       // The manager of a transaction holds the query runner (one connection) the transaction is on.
       if (!tx.queryRunner) throw new ConfigError("typeormDriver: the EntityManager is no transaction's");
@@ -59,7 +76,47 @@ export function typeormDriver(dataSource: DataSource): SqlDriver<EntityManager> 
 }
 
 /**
- * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a TypeORM `DataSource` writes to. In atomic mode a
+ * A handler that ended the transaction itself (a raw `COMMIT`) leaves TypeORM's shared SQLite
+ * query runner believing it is still open: its own COMMIT or ROLLBACK then failed (SQLite has no
+ * transaction to end), and every later transaction would open as a savepoint of none. When the
+ * connection is in no transaction, the runner is told so.
+ */
+function forgetEndedTransaction(dataSource: DataSource): void {
+  const runner = dataSource.createQueryRunner() as unknown as {
+    isTransactionActive: boolean;
+    transactionDepth: number;
+  };
+  const connection = (dataSource.driver as unknown as { databaseConnection?: { inTransaction?: boolean } })
+    .databaseConnection;
+  if (runner.isTransactionActive && connection?.inTransaction === false) {
+    runner.isTransactionActive = false;
+    runner.transactionDepth = 0;
+  }
+}
+
+/** The turns of each SQLite DataSource's statements and transactions, shared by its stores. */
+const turns = new WeakMap<DataSource, { tail: Promise<unknown>; inside: AsyncLocalStorage<true> }>();
+
+/**
+ * Runs the driver's calls on a SQLite `DataSource` one at a time. TypeORM runs every statement of
+ * one on a single shared query runner (one connection) and does not queue transactions: a second
+ * `transaction()` would open a savepoint inside the first, and an autocommit statement would join
+ * it. A call made inside a turn (within a transaction's work) runs at once, in that transaction.
+ */
+function oneAtATime(dataSource: DataSource) {
+  const turn = turns.get(dataSource) ?? { tail: Promise.resolve(), inside: new AsyncLocalStorage<true>() };
+  turns.set(dataSource, turn);
+  const { inside } = turn;
+  return <T>(fn: () => Promise<T>): Promise<T> => {
+    if (inside.getStore()) return fn();
+    const result = turn.tail.then(() => inside.run(true, fn));
+    turn.tail = result.catch(() => {});
+    return result;
+  };
+}
+
+/**
+ * A retrysafe store on the PostgreSQL, MySQL, MariaDB or SQLite database a TypeORM `DataSource` writes to. In atomic mode a
  * handler's `ctx.tx` is the transaction's `EntityManager`, holding the key: the key, the handler's
  * writes through it and the saved answer commit together, and `ctx.tx.transaction()` is a
  * savepoint inside it.
