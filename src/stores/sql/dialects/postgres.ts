@@ -12,6 +12,9 @@ const UNDEFINED_TABLE = '42P01';
 const UNDEFINED_COLUMN = '42703';
 const INVALID_SCHEMA_NAME = '3F000';
 const DIVISION_BY_ZERO = '22012';
+/** The longest `statement_timeout` PostgreSQL takes (an int of ms): a 30-day wait plus a bound is past it. */
+const MAX_TIMEOUT_MS = 2_147_483_647;
+const statementBound = (ms: number) => Math.min(ms, MAX_TIMEOUT_MS);
 
 /**
  * The PostgreSQL dialect of the SQL store: the statements of postgres/statements.ts, whose
@@ -51,6 +54,7 @@ export function postgresDialect(
    */
   async function pipelinedClaim(run: Run, input: ClaimInput, waitMs: number, timeoutMs: number) {
     const pipeline = run.pipeline!;
+    const bothMs = statementBound(waitMs + timeoutMs);
     await run.prepare?.([sql.CLAIM, sql.TAKE_OVER, sql.ATOMIC_COMPLETE], timeoutMs);
     let first = true;
     return claimRecord(async (take, values) => {
@@ -63,13 +67,13 @@ export function postgresDialect(
             ]
           : []),
         `SET LOCAL lock_timeout = ${waitMs}`,
-        `SET LOCAL statement_timeout = ${waitMs + timeoutMs}`,
+        `SET LOCAL statement_timeout = ${bothMs}`,
         { text: take ? sql.TAKE_OVER : sql.CLAIM, values },
         'SET LOCAL lock_timeout TO DEFAULT',
         'SET LOCAL statement_timeout TO DEFAULT',
       ].map((statement) => (typeof statement === 'string' ? { text: statement } : statement));
       first = false;
-      const results = await pipeline(statements, waitMs + timeoutMs);
+      const results = await pipeline(statements, bothMs);
       return results[results.length - 3]!;
     }, input);
   }
@@ -102,7 +106,7 @@ export function postgresDialect(
       try {
         if (run.pipeline) return await pipelinedClaim(run, input, waitMs, timeoutMs);
         if (!reset) throw new Error('postgresDialect: boundedClaim before beforeAtomic');
-        const bounds = [String(waitMs), String(waitMs + timeoutMs), ...reset];
+        const bounds = [String(waitMs), String(statementBound(waitMs + timeoutMs)), ...reset];
         return await claimRecord(
           (take, values) => run(take ? sql.BOUNDED_TAKE_OVER : sql.BOUNDED_CLAIM, [...values, ...bounds]),
           input,
