@@ -193,7 +193,10 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
     const waitMs = timerMs(Math.max(1, input.waitMs ?? input.leaseMs));
     const timeoutMs = timerMs(Math.max(1, input.timeoutMs ?? statementTimeoutMs));
     const claim = { ...input, leaseMs: Math.max(input.leaseMs, input.retainMs) };
-    const transactionOptions = { acquireTimeoutMs: timeoutMs };
+    // The bound counts from the call: time queued behind this process's other statements (the
+    // settled read on a one-connection SQLite) is time waited too.
+    const deadlineMs = Date.now() + timeoutMs;
+    const transactionOptions = () => ({ acquireTimeoutMs: Math.max(1, deadlineMs - Date.now()) });
     let token: string | undefined;
     if (dialect.settled) {
       const settled = await beforeWork(() => dialect.settled!(autocommit, input));
@@ -239,7 +242,7 @@ export function sqlStore<Tx>(driver: SqlDriver<Tx>, given: SqlStoreOptions = {})
               });
             }
             return { outcome: 'executed', response: result.response, committed: true } as const;
-          }, transactionOptions);
+          }, transactionOptions());
           waiters.wake(recordId(input.scope, input.key));
           return committed;
         } catch (error) {
