@@ -421,9 +421,9 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     return value && value[0] !== IN_PROGRESS ? completedRecord(value).response : undefined;
   }
 
-  function summariesOf(ids: string[], [nowMs, rows]: SummaryReply): KeyRecordSummary[] {
+  function summariesOf(ids: string[], rows: SummaryReply): KeyRecordSummary[] {
     return ids.flatMap((id, i) => {
-      const [state, status, leaseUntilMs, createdAtMs, expiresInMs, steps] = rows[i]!;
+      const [state, status, leaseUntilMs, createdAtMs, expiresAtMs, steps] = rows[i]!;
       const record = parseRecordId(id.slice(prefix.length));
       if (!state || !record) return [];
       const completed = state === 'completed';
@@ -433,7 +433,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
           state: completed ? 'completed' : 'in_progress',
           status: completed ? Number(status) : null,
           createdAtMs: Number(createdAtMs),
-          expiresAtMs: nowMs + expiresInMs,
+          expiresAtMs,
           leaseUntilMs: completed ? null : Number(leaseUntilMs),
           ...(steps && { steps: stepsOfJson(steps.slice(1)).steps.map((step) => step.name) }),
         },

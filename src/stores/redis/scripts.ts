@@ -158,31 +158,31 @@ end
 if left <= 0 then return -1 end
 return left`;
 
-// KEYS: records. Replies {now, {state, status, lease_until_ms, created_at_ms, ms to expiry} per key};
-// state is nil for a key that is gone (or is not one of our records).
-export const SUMMARIES_LUA = `${MS_NOW}
-local out = {}
+// KEYS: records. Replies {state, status, lease_until_ms, created_at_ms, expires_at_ms} per key;
+// state is nil for a key that is gone (or is not one of our records). Times count from the key's
+// absolute expiry (PEXPIRETIME), never from TIME plus a TTL read at another instant, so each read of
+// a record gives the same times.
+export const SUMMARIES_LUA = `local out = {}
 for i, key in ipairs(KEYS) do
   local kind = redis.call('TYPE', key).ok
-  local expiresIn = redis.call('PTTL', key)
+  local expiresAt = redis.call('PEXPIRETIME', key)
   out[i] = {false}
   if kind == 'hash' then
     local rec = redis.call('HMGET', key, 'state', 'status', 'lease_until_ms', 'created_at_ms')
-    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresIn}
+    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresAt}
   elseif kind == 'string' then
     local head = redis.call('GETRANGE', key, 0, 79)
     local leaseOffset, created = string.match(head, ${IN_PROGRESS_FIELDS})
     if leaseOffset then
-      local expiresAt = now + expiresIn
       local _, _, _, steps = string.match(redis.call('GET', key), ${IN_PROGRESS_FIELDS})
-      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresIn, steps}
+      out[i] = {'in_progress', false, expiresAt - tonumber(leaseOffset), expiresAt - tonumber(created), expiresAt, steps}
     else
       local created, status = string.match(head, '^C\\n([^\\n]*)\\n([^\\n]*)\\n')
-      if created then out[i] = {'completed', status, false, now + expiresIn - tonumber(created), expiresIn} end
+      if created then out[i] = {'completed', status, false, expiresAt - tonumber(created), expiresAt} end
     end
   end
 end
-return {now, out}`;
+return out`;
 
 export const DELETE_LUA = `local key = KEYS[1]
 local channel = ARGV[1]
@@ -191,9 +191,13 @@ redis.call('PUBLISH', channel, key)
 return 1`;
 
 export type SummaryReply = [
+  string | null,
+  string | null,
+  string | null,
+  string | null,
   number,
-  [string | null, string | null, string | null, string | null, number, string | undefined][],
-];
+  string | undefined,
+][];
 
 /** The scripts as client commands; each takes its arguments in the order its script names them. */
 export interface RetrysafeCommands {
