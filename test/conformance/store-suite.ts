@@ -555,7 +555,9 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         const input = fresh();
         await acquire(input);
         const reads = await Promise.all(Array.from({ length: 500 }, () => store.get(input.scope, input.key)));
-        const times = new Set(reads.map((read) => `${read?.createdAtMs} ${read?.leaseUntilMs} ${read?.expiresAtMs}`));
+        const times = new Set(
+          reads.map((read) => `${read?.createdAtMs} ${read?.leaseUntilMs} ${read?.expiresAtMs}`),
+        );
         expect([...times]).toHaveLength(1);
       });
 
