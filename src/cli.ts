@@ -186,10 +186,13 @@ const COLUMNS = ['scope', 'key', 'state', 'status', 'created', 'expires', 'lease
 // JSON quoting only where a scope or key would otherwise blur the columns.
 const word = (text: string) => (/^[\x21-\x7e]+$/.test(text) ? text : JSON.stringify(text));
 
+/** At most 40 characters: a longer scope or key keeps both ends (keys differ at the end: a counter, a UUID). */
+const cut = (text: string) => (text.length <= 40 ? text : `${text.slice(0, 19)}…${text.slice(-20)}`);
+
 function cells(r: KeyRecordSummary): string[] {
   return [
-    word(r.scope),
-    word(r.key),
+    cut(word(r.scope)),
+    cut(word(r.key)),
     r.state,
     r.status === null ? '-' : String(r.status),
     time(r.createdAtMs),

@@ -669,6 +669,34 @@ describe('retrysafe keys', () => {
         rmSync(dir, { recursive: true, force: true });
       }
     });
+    it('keys list keeps a long scope or key to a readable column; --json gives it whole', async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'retrysafe-cli-long-'));
+      const file = join(dir, 'long.db');
+      const store = sqliteStore({ url: file, migrate: true });
+      const key = `order-${'k'.repeat(240)}-end`;
+      try {
+        for (const [scope, k] of [
+          ['tenant', key],
+          ['s'.repeat(200), 'short'],
+        ]) {
+          await store.claim({ scope: scope!, key: k!, fingerprint: 'f', leaseMs: 60_000, retainMs: 60_000 });
+        }
+        const list = await cli('keys', 'list', '--database-url', file);
+        expect(list.code).toBe(0);
+        const widths = list.stdout
+          .trimEnd()
+          .split('\n')
+          .map((line) => line.length);
+        expect(Math.max(...widths)).toBeLessThanOrEqual(200);
+        // Both ends of a cut key stay: keys tend to differ at the end (a counter, a UUID).
+        expect(list.stdout).toMatch(/order-k+…k+-end/);
+        const json = await cli('keys', 'list', '--database-url', file, '--json');
+        expect((JSON.parse(json.stdout).records as { key: string }[]).map((r) => r.key)).toContain(key);
+      } finally {
+        await store.close();
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
   });
 
   describe.skipIf(!hasPostgres)('on PostgreSQL', () => {

@@ -5,7 +5,7 @@ import type { Browser, Page, Request } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createFaultProxy } from '../examples/library-loans/faults/fault-proxy.js';
 import { hasChromium, launchChromium } from './support/browser.js';
-import { pack, run, serveOneReplay } from './support/quick-start.js';
+import { checkQuickStart, pack, run, serveOneReplay } from './support/quick-start.js';
 
 /**
  * examples/nextjs as a user runs it: a fresh project with the packed tarball and `next@16`, react
@@ -61,8 +61,10 @@ describe.skipIf(repeat)('examples/nextjs on Next.js 16 (next build, next start)'
     if (work) rmSync(work, { recursive: true, force: true });
   });
 
-  it('the route handler: 400 without a key, then a replay', { timeout: TEST_TIMEOUT_MS }, async () => {
-    await start();
+  it('the route handler: 400 without a key or with a bad body, then a replay', {
+    timeout: TEST_TIMEOUT_MS,
+  }, async () => {
+    await start((url) => checkQuickStart(url));
   });
 
   describe.skipIf(!hasChromium())('the order form (a server action, its key minted with the form)', () => {

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, it } from 'vitest';
-import { pack, run, serveOneReplay } from './support/quick-start.js';
+import { checkQuickStart, pack, run, serveOneReplay } from './support/quick-start.js';
 import { hasRedis, REDIS_URL } from './support/services.js';
 
 /**
@@ -55,17 +55,25 @@ afterAll(async () => {
 describe.each(Object.entries(RUNTIMES))(
   'the %s quick start (examples/fetch)',
   (_runtime, [command, ...args]) => {
-    it('with the memory store: 400 without a key, then a replay', { timeout: 60_000 }, async () => {
-      await serveOneReplay({ command: join(dir, command), args, cwd: dir });
+    it('with the memory store: 400 without a key or with a bad body, then a replay', {
+      timeout: 60_000,
+    }, async () => {
+      await serveOneReplay({
+        command: join(dir, command),
+        args,
+        cwd: dir,
+        check: (url) => checkQuickStart(url),
+      });
     });
 
     it.skipIf(!hasRedis)(
-      'with the Redis store (ioredis): 400 without a key, then a replay',
+      'with the Redis store (ioredis): 400 without a key or with a bad body, then a replay',
       { timeout: 60_000 },
       async () => {
         const key = `order-${randomUUID()}`;
         keys.push(key);
-        await serveOneReplay({ command: join(dir, command), args, cwd: dir, env: { REDIS_URL } }, key);
+        const check = (url: string) => checkQuickStart(url, key);
+        await serveOneReplay({ command: join(dir, command), args, cwd: dir, env: { REDIS_URL }, check });
       },
     );
   },

@@ -11,8 +11,11 @@ const guard = idempotency({ store, required: true });
 let orders = 0;
 
 export const handleOrder = guard(async (request) => {
+  const order = await request.json().catch(() => undefined);
+  // A 400 is not stored: the corrected request runs under the same key.
+  if (typeof order?.item !== 'string')
+    return Response.json({ error: 'send a JSON order with an item' }, { status: 400 });
   const id = ++orders;
-  const order = await request.json();
   return Response.json(
     { id, order, key: idempotencyOf(request)?.key },
     { status: 201, headers: { location: `/orders/${id}` } },

@@ -154,26 +154,30 @@ export const BAD_BODIES = [
  * which leaves the order counter and the key alone (a 400 is not stored, so the corrected request
  * runs under the same key); then 201 for the first good order, and its retry replayed.
  */
-export async function checkQuickStart(url: string): Promise<void> {
-  const order = (key?: string, contentType = 'application/json', body = JSON.stringify({ item: 'book' })) =>
+export async function checkQuickStart(url: string, key = 'order-1'): Promise<void> {
+  const order = (
+    withKey?: string,
+    contentType = 'application/json',
+    body = JSON.stringify({ item: 'book' }),
+  ) =>
     fetch(`${url}/orders`, {
       method: 'POST',
-      headers: { 'content-type': contentType, ...(key ? { 'idempotency-key': key } : {}) },
+      headers: { 'content-type': contentType, ...(withKey ? { 'idempotency-key': withKey } : {}) },
       body,
     });
   expect((await order()).status).toBe(400);
   for (const bad of BAD_BODIES) {
-    const refused = await order('order-1', bad.contentType, bad.body);
+    const refused = await order(key, bad.contentType, bad.body);
     expect(refused.status, bad.name).toBe(400);
     expect(refused.headers.get('content-type'), bad.name).toMatch(/^application\/json/);
     expect(await refused.json(), bad.name).toMatchObject({ error: expect.any(String) });
   }
-  const first = await order('order-1');
+  const first = await order(key);
   expect(first.status).toBe(201);
   expect(first.headers.get('location')).toBe('/orders/1');
   const body = await first.json();
-  expect(body).toEqual({ id: 1, order: { item: 'book' }, key: 'order-1' });
-  const retry = await order('order-1');
+  expect(body).toEqual({ id: 1, order: { item: 'book' }, key });
+  const retry = await order(key);
   expect(retry.status).toBe(201);
   expect(retry.headers.get('idempotency-replayed')).toBe('true');
   expect(retry.headers.get('location')).toBe('/orders/1');
