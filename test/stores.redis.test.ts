@@ -9,7 +9,6 @@ import { describeStoreConformance } from './conformance/store-suite.js';
 import { freePort } from './support/free-port.js';
 import { deleteRedisKeys, hasRedis, REDIS_URL, uniqueName } from './support/services.js';
 import { onEachWrite } from './support/socket-writes.js';
-import { listAllKeys } from './support/store-calls.js';
 
 const claimInput = (key: string): ClaimInput => ({
   scope: 's',
@@ -112,115 +111,6 @@ describe.skipIf(!hasRedis)('redis', () => {
       await deleteRedisKeys(prefix);
       await client.quit();
     }
-  });
-
-  /**
-   * Release 0.1.0 kept a record as a hash (fields as written here); a key claimed or completed
-   * before an upgrade must still be honoured until its retention passes: never run again.
-   */
-  describe('records written by release 0.1.0 (hashes)', () => {
-    const prefix = `${uniqueName('rs_redis_v010')}:`;
-    let admin: Redis;
-    let store: IdempotencyStore;
-    const id = (key: string) => `${prefix}${'tenant'.length}:tenant${key}`;
-    const input = (key: string, fingerprint = 'fp'): ClaimInput => ({
-      scope: 'tenant',
-      key,
-      fingerprint,
-      leaseMs: 10_000,
-      retainMs: 60_000,
-    });
-
-    async function redisNowMs(): Promise<number> {
-      const [seconds, micros] = await admin.time();
-      return Number(seconds) * 1000 + Math.floor(Number(micros) / 1000);
-    }
-
-    async function legacyInProgress(key: string, leaseLeftMs: number): Promise<void> {
-      const now = await redisNowMs();
-      await admin.hset(id(key), {
-        fingerprint: 'fp',
-        state: 'in_progress',
-        token: 'token-0.1.0',
-        lease_until_ms: String(now + leaseLeftMs),
-        created_at_ms: String(now - 1000),
-      });
-      await admin.pexpire(id(key), 60_000);
-    }
-
-    async function legacyCompleted(key: string): Promise<void> {
-      await legacyInProgress(key, 10_000);
-      await admin.hset(id(key), {
-        state: 'completed',
-        status: '201',
-        headers: JSON.stringify({ location: '/loans/7' }),
-        body: Buffer.from([0, 1, 0xff, 0x7b]),
-      });
-      await admin.hdel(id(key), 'lease_until_ms');
-    }
-
-    beforeAll(() => {
-      admin = new Redis(REDIS_URL);
-      store = redisStore({ url: REDIS_URL, prefix });
-    });
-
-    afterAll(async () => {
-      await store.close();
-      await deleteRedisKeys(prefix);
-      await admin.quit();
-    });
-
-    it('a completed record replays, answers mismatch to another body, and shows in get and list', async () => {
-      await legacyCompleted('done');
-      expect(await store.claim(input('done'))).toEqual({
-        outcome: 'replay',
-        response: { status: 201, headers: { location: '/loans/7' }, body: Buffer.from([0, 1, 0xff, 0x7b]) },
-      });
-      expect(await store.claim(input('done', 'other'))).toEqual({ outcome: 'mismatch' });
-      const summary = await store.get('tenant', 'done');
-      expect(summary).toMatchObject({ state: 'completed', status: 201, leaseUntilMs: null });
-      expect(summary!.expiresAtMs - summary!.createdAtMs).toBeCloseTo(61_000, -3);
-      const listed = await listAllKeys(store, 'tenant', 50);
-      expect(listed).toContain('done');
-    });
-
-    it('a record in progress stays in progress until its owner completes it; a wait then returns', async () => {
-      await legacyInProgress('running', 10_000);
-      const busy = await store.claim(input('running'));
-      expect(busy.outcome).toBe('in_progress');
-      if (busy.outcome === 'in_progress') expect(busy.retryAfterMs).toBeLessThanOrEqual(10_000);
-      expect(await store.claim(input('running', 'other'))).toEqual({ outcome: 'mismatch' });
-      expect(await store.get('tenant', 'running')).toMatchObject({ state: 'in_progress', status: null });
-      const events: string[] = [];
-      const waiting = store.wait('tenant', 'running', 120_000).then(() => events.push('woke'));
-      await sleep(200);
-      // What 0.1.0's complete did, for the owner still running it.
-      await admin.hset(id('running'), { state: 'completed', status: '200', headers: '{}', body: 'ok' });
-      await admin.hdel(id('running'), 'lease_until_ms');
-      events.push('completed');
-      await admin.publish(`${prefix}settled`, id('running'));
-      await waiting;
-      expect(events).toEqual(['completed', 'woke']);
-      expect(await store.claim(input('running'))).toMatchObject({
-        outcome: 'replay',
-        response: { status: 200 },
-      });
-    }, 15_000);
-
-    it('a record whose lease passed is taken over, and its 0.1.0 owner can no longer write', async () => {
-      await legacyInProgress('abandoned', -1);
-      const claimed = await store.claim(input('abandoned'));
-      if (claimed.outcome !== 'acquired') throw new Error(claimed.outcome);
-      expect((await store.claim(input('abandoned'))).outcome).toBe('in_progress');
-      // 0.1.0's scripts all start with HMGET: on the new record they fail, so they write nothing.
-      await expect(admin.hmget(id('abandoned'), 'token', 'state')).rejects.toThrow(/WRONGTYPE/);
-      const response = { status: 201, headers: {}, body: new TextEncoder().encode('new') };
-      expect(await store.complete('tenant', 'abandoned', claimed.token, response)).toBe(true);
-      expect(await store.claim(input('abandoned'))).toMatchObject({
-        outcome: 'replay',
-        response: { status: 201 },
-      });
-    });
   });
 
   it('works on a client the caller owns and leaves it open', async () => {

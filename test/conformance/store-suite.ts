@@ -435,9 +435,8 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         expectReplay(await store.claim(input), sampleResponse('b'));
       });
 
-      it("a record lives for the claim's retainMs, not the deprecated ttlMs nor its lease", async () => {
-        // A store written against 0.2 read `ttlMs`; the engine passes both, and ours keep `retainMs`.
-        const input = { ...fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: 60_000 }), ttlMs: SHORT_MS };
+      it("a record lives for the claim's retainMs, not its lease", async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS / 2, retainMs: 60_000 });
         await acquire(input);
         await sleep(SHORT_MS * 2);
         const record = await store.get(input.scope, input.key);

@@ -23,12 +23,6 @@ export interface ClaimInput {
    */
   retainMs: number;
   /**
-   * The engine's `ttl`, still passed for stores written against 0.2 that read it; the stores of this
-   * package read `retainMs`.
-   * @deprecated read `retainMs`; removed in 0.3.0.
-   */
-  ttlMs?: number;
-  /**
    * How long the claim may take, waits on locks included (the engine passes `storeTimeout`): a
    * store that waits on locks gives up within it and fails the call. @default the store's own bounds
    */

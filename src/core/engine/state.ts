@@ -48,8 +48,7 @@ export function claimInput<Req>(
   fingerprint: string,
 ): ClaimInput {
   const { leaseMs, ttlMs, storeTimeoutMs } = engine.config;
-  // retainMs is what stores keep; ttlMs stays for stores written against 0.2 (removed in 0.3.0).
-  return { scope, key, fingerprint, leaseMs, retainMs: ttlMs, ttlMs, timeoutMs: storeTimeoutMs };
+  return { scope, key, fingerprint, leaseMs, retainMs: ttlMs, timeoutMs: storeTimeoutMs };
 }
 
 /** What marks a value sealed with `encryptionKey`; anything else is JSON text. */

@@ -271,15 +271,6 @@ function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprin
       return { outcome: 'in_progress', retryAfterMs: Number(reply[1]) };
     case 'record':
       return answerOfRecord(reply[1] as Buffer, fingerprint)!;
-    case 'replay':
-      return {
-        outcome: 'replay',
-        response: {
-          status: Number(String(reply[1])),
-          headers: JSON.parse(String(reply[2])),
-          body: (reply[3] as Buffer | null) ?? Buffer.alloc(0),
-        },
-      };
     default:
       throw new RetrysafeError(`redisStore: unexpected claim reply ${outcome}`);
   }
@@ -289,8 +280,7 @@ function heldAnswer(reply: (Buffer | number | null)[], token: string, fingerprin
  * A store on Redis (7.0 or later) through `ioredis`: a claim is one native `SET … NX … GET`, every
  * other step one Lua script (atomic, one round trip, times from the Redis server's clock), fenced by
  * the owner token; retention is the key's native TTL; `wait` listens on one pub/sub connection per
- * store, with polling as the fallback. Records written by 0.1.0 (hashes) are read until they expire
- * (until 0.3.0, which removes that reading).
+ * store, with polling as the fallback.
  *
  * Durability: Redis is a cache unless configured otherwise. A Redis without persistence (no AOF,
  * no RDB, as many deployments run it) forgets every key when it restarts, so a retry that arrives
@@ -406,17 +396,8 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
     return groups.flatMap((group, g) => summariesOf(group, replies[g]!));
   }
 
-  /** The saved response of the completed record `id`: a string record, or a 0.1.0 hash. */
+  /** The saved response of the completed record `id`. */
   async function savedResponse(id: string): Promise<StoredResponse | undefined> {
-    if ((await client.type(id)) === 'hash') {
-      const [status, headers, body] = await client.hmgetBuffer(id, 'status', 'headers', 'body');
-      if (!status) return undefined;
-      return {
-        status: Number(String(status)),
-        headers: JSON.parse(String(headers ?? '{}')),
-        body: body ?? Buffer.alloc(0),
-      };
-    }
     const value = await client.getBuffer(id);
     return value && value[0] !== IN_PROGRESS ? completedRecord(value).response : undefined;
   }
@@ -451,13 +432,7 @@ export function redisStore(given: RedisStoreOptions): IdempotencyStore {
       const id = redisKey(input.scope, input.key);
       const { retainMs } = input;
       const record = `${ownerPrefix(token)}${retainMs - input.leaseMs}\n${retainMs}\n${input.fingerprint}`;
-      let found: Buffer | null | undefined;
-      try {
-        found = await client.setBuffer(id, record, 'PX', retainMs, 'NX', 'GET');
-      } catch (error) {
-        // A 0.1.0 hash: CLAIM_HELD_LUA reads it (removed in 0.3.0).
-        if (!(error instanceof Error && error.message.startsWith('WRONGTYPE'))) throw error;
-      }
+      const found = await client.setBuffer(id, record, 'PX', retainMs, 'NX', 'GET');
       let answer: ClaimResult | undefined = found === null ? { outcome: 'acquired', token } : undefined;
       answer ??= found ? answerOfRecord(found, input.fingerprint) : undefined;
       if (!answer) {

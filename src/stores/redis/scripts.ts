@@ -11,60 +11,38 @@ import type { Cluster, Redis } from 'ioredis';
 // Each script names its KEYS and ARGV in locals at its top, in the order `RetrysafeCommands`
 // passes them; the fragments below use those names.
 
-const MS_NOW = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
-
-// Release 0.1.0 wrote hashes (fields fingerprint, state, token, lease_until_ms, created_at_ms,
-// status, headers, body); those are honoured until they expire: a claim that meets one (`SET`
-// answers WRONGTYPE) goes through CLAIM_HELD_LUA, which reads them as 0.1.0 did. To be removed in
-// 0.3.0 (see CHANGELOG): run 0.2.x for one `ttl` first, and every 0.1.0 record has expired.
-// Needs the local `key`.
-const LEGACY_HASH = `redis.call('TYPE', key).ok == 'hash'`;
 // A Lua pattern: an in-progress record's lease offset, creation offset, fingerprint and steps
 // (`''`, or a newline and their JSON). It also reads the first 80 bytes of one (GETRANGE), whose
 // fingerprint it then cuts short.
 const IN_PROGRESS_FIELDS = `'^P\\n[^\\n]*\\n([^\\n]*)\\n([^\\n]*)\\n([^\\n]*)(.*)$'`;
 
-// The claim of a key that holds a record in progress (its lease needs the key's TTL) or a 0.1.0
-// hash: what the native claim cannot decide. Replies like the native claim ({'record', value}) or
-// as 0.1.0 did.
+// The claim of a key that holds a record in progress (its lease needs the key's TTL): what the
+// native claim cannot decide. Replies like the native claim ({'record', value}).
 export const CLAIM_HELD_LUA = `local key = KEYS[1]
 local fingerprint = ARGV[1]
 local newRecord = ARGV[2]
 local retainMs = ARGV[3]
-if ${LEGACY_HASH} then
-  ${MS_NOW}
-  local rec = redis.call('HMGET', key, 'fingerprint', 'state', 'lease_until_ms', 'status', 'headers', 'body')
-  if rec[1] then
-    if rec[1] ~= fingerprint then return {'mismatch'} end
-    if rec[2] == 'completed' then return {'replay', rec[4], rec[5], rec[6]} end
-    local left = tonumber(rec[3]) - now
-    if left > 0 then return {'in_progress', left} end
+local value = redis.call('GET', key)
+if value and string.sub(value, 1, 1) == 'P' then
+  local leaseOffset, created, heldFingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
+  if heldFingerprint ~= fingerprint then return {'mismatch'} end
+  local expiresIn = redis.call('PTTL', key)
+  local left = expiresIn - tonumber(leaseOffset)
+  if left > 0 then return {'in_progress', left} end
+  -- A takeover: the finished steps stay with the record and go back to the new owner, and so do
+  -- its creation time and retention (they count from the first claim, so an operation that
+  -- keeps failing still ends), the key's TTL growing only should the new lease outlive it.
+  local owner, newLeaseOffset = string.match(newRecord, '^(P\\n[^\\n]*\\n)([^\\n]*)\\n')
+  local lease = tonumber(retainMs) - tonumber(newLeaseOffset)
+  local grown = 0
+  if expiresIn < lease then
+    grown = lease - expiresIn
+    expiresIn = lease
   end
-  redis.call('DEL', key)
-else
-  local value = redis.call('GET', key)
-  if value and string.sub(value, 1, 1) == 'P' then
-    local leaseOffset, created, heldFingerprint, steps = string.match(value, ${IN_PROGRESS_FIELDS})
-    if heldFingerprint ~= fingerprint then return {'mismatch'} end
-    local expiresIn = redis.call('PTTL', key)
-    local left = expiresIn - tonumber(leaseOffset)
-    if left > 0 then return {'in_progress', left} end
-    -- A takeover: the finished steps stay with the record and go back to the new owner, and so do
-    -- its creation time and retention (they count from the first claim, so an operation that
-    -- keeps failing still ends), the key's TTL growing only should the new lease outlive it.
-    local owner, newLeaseOffset = string.match(newRecord, '^(P\\n[^\\n]*\\n)([^\\n]*)\\n')
-    local lease = tonumber(retainMs) - tonumber(newLeaseOffset)
-    local grown = 0
-    if expiresIn < lease then
-      grown = lease - expiresIn
-      expiresIn = lease
-    end
-    redis.call('SET', key, owner .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'PX', expiresIn)
-    return {'acquired', steps}
-  elseif value then
-    return {'record', value}
-  end
+  redis.call('SET', key, owner .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'PX', expiresIn)
+  return {'acquired', steps}
+elseif value then
+  return {'record', value}
 end
 redis.call('SET', key, newRecord, 'PX', retainMs)
 return {'acquired'}`;
@@ -143,18 +121,10 @@ return out`;
 
 // Ms left on a live lease, or -1 when the record is not in progress.
 export const LEASE_LEFT_LUA = `local key = KEYS[1]
-local left
-if ${LEGACY_HASH} then
-  local rec = redis.call('HMGET', key, 'state', 'lease_until_ms')
-  if rec[1] ~= 'in_progress' then return -1 end
-  ${MS_NOW}
-  left = tonumber(rec[2]) - now
-else
-  local head = redis.call('GETRANGE', key, 0, 79)
-  local leaseOffset = string.match(head, ${IN_PROGRESS_FIELDS})
-  if not leaseOffset then return -1 end
-  left = redis.call('PTTL', key) - tonumber(leaseOffset)
-end
+local head = redis.call('GETRANGE', key, 0, 79)
+local leaseOffset = string.match(head, ${IN_PROGRESS_FIELDS})
+if not leaseOffset then return -1 end
+local left = redis.call('PTTL', key) - tonumber(leaseOffset)
 if left <= 0 then return -1 end
 return left`;
 
@@ -164,13 +134,9 @@ return left`;
 // a record gives the same times.
 export const SUMMARIES_LUA = `local out = {}
 for i, key in ipairs(KEYS) do
-  local kind = redis.call('TYPE', key).ok
   local expiresAt = redis.call('PEXPIRETIME', key)
   out[i] = {false}
-  if kind == 'hash' then
-    local rec = redis.call('HMGET', key, 'state', 'status', 'lease_until_ms', 'created_at_ms')
-    out[i] = {rec[1] or false, rec[2] or false, rec[3] or false, rec[4] or false, expiresAt}
-  elseif kind == 'string' then
+  if redis.call('TYPE', key).ok == 'string' then
     local head = redis.call('GETRANGE', key, 0, 79)
     local leaseOffset, created = string.match(head, ${IN_PROGRESS_FIELDS})
     if leaseOffset then
