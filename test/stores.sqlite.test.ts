@@ -194,7 +194,7 @@ describe.each(DRIVERS)('sqliteStore transactions (%s)', (driver) => {
 });
 
 describe('sqliteStore atomic request path', () => {
-  it('a fresh key runs one read, the claim, the work, the completion and the commit; only the BEGIN is parsed', async () => {
+  it('a fresh key costs at most 9 statements and parses only its BEGIN', async () => {
     const statements: string[] = [];
     const database = new Database(tempFile(), { verbose: (sql) => statements.push(String(sql).trim()) });
     const store = sqliteStore({ database });
@@ -208,17 +208,9 @@ describe('sqliteStore atomic request path', () => {
     statements.length = 0;
     const result = await store.atomic(input(), async () => ({ response, commit: true }));
     expect(result).toMatchObject({ outcome: 'executed', committed: true });
-    expect(statements.map((sql) => sql.split(/\s+/)[0])).toEqual([
-      'SELECT', // a completed record would be answered without the write lock
-      'PRAGMA', // busy_timeout = 0, BEGIN IMMEDIATE, busy_timeout back: one exec
-      'BEGIN',
-      'PRAGMA',
-      'INSERT', // the claim
-      'SAVEPOINT', // after the claim: a handler that ends the transaction takes it along
-      'RELEASE', // before the completion, which must run in the claim's transaction
-      'UPDATE', // the completion
-      'COMMIT',
-    ]);
+    // A budget, not a script: today a settled read, BEGIN IMMEDIATE between two busy_timeout
+    // PRAGMAs, the claim, a savepoint and its release around the work, the completion, COMMIT.
+    expect(statements.length).toBeLessThanOrEqual(9);
     // SQLite applies busy_timeout when it prepares the PRAGMA, so the BEGIN's exec is parsed each time.
     expect(parsed).toBe(1);
     await store.close();
