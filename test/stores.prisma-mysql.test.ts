@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { type PrismaTransaction, prismaStore } from '../src/stores/sql/drivers/prisma.js';
 import { describeMysqlOrmStore } from './conformance/orm-mysql-suite.js';
 import { PrismaClient } from './fixtures/prisma/mysql/generated/client.js';
+import { prismaUnderTest } from './support/prisma-under-test.js';
 import { hasMysql, mysqlDatabase } from './support/services.js';
 import { claimInput, textResponse } from './support/store-calls.js';
 
@@ -13,17 +14,9 @@ const prismaOn = (url: string, useTextProtocol: boolean) =>
   new PrismaClient({ adapter: new PrismaMariaDb(url.replace(/^mysql:/, 'mariadb:'), { useTextProtocol }) });
 
 describe.skipIf(!hasMysql)('prisma on MariaDB (@prisma/adapter-mariadb)', () => {
-  describeMysqlOrmStore<Tx>('prisma', async (url) => {
-    const prisma = prismaOn(url, true);
-    return {
-      store: (options) => prismaStore(prisma, options),
-      insert: (tx, table) => tx.$executeRawUnsafe(`INSERT INTO ${table} () VALUES ()`),
-      // Prisma 7 nests an interactive transaction on a transaction client as a savepoint.
-      nested: (tx, work) => tx.$transaction((inner) => work(inner)),
-      rawCommit: (tx) => tx.$executeRawUnsafe('COMMIT'),
-      close: () => prisma.$disconnect(),
-    };
-  });
+  describeMysqlOrmStore<Tx>('prisma', async (url) =>
+    prismaUnderTest(prismaOn(url, true), 'INSERT INTO {table} () VALUES ()'),
+  );
 
   it('on prepared statements the migration is refused naming the fix; the store runs on a table made otherwise', async () => {
     const database = await mysqlDatabase();

@@ -1,8 +1,9 @@
 import { PrismaBetterSqlite3 } from '@prisma/adapter-better-sqlite3';
 import { describe } from 'vitest';
-import { type PrismaTransaction, prismaStore } from '../src/stores/sql/drivers/prisma.js';
+import type { PrismaTransaction } from '../src/stores/sql/drivers/prisma.js';
 import { describeSqliteOrmStore } from './conformance/orm-sqlite-suite.js';
 import { PrismaClient } from './fixtures/prisma/sqlite/generated/client.js';
+import { prismaUnderTest } from './support/prisma-under-test.js';
 
 type Tx = PrismaTransaction<InstanceType<typeof PrismaClient>>;
 
@@ -11,14 +12,7 @@ describe('prisma on SQLite (@prisma/adapter-better-sqlite3)', () => {
     'prisma',
     async (url) => {
       const prisma = new PrismaClient({ adapter: new PrismaBetterSqlite3({ url }) });
-      return {
-        store: (options) => prismaStore(prisma, options),
-        insert: (tx, table) => tx.$executeRawUnsafe(`INSERT INTO ${table} DEFAULT VALUES`),
-        // Prisma 7 nests an interactive transaction on a transaction client as a savepoint.
-        nested: (tx, work) => tx.$transaction((inner) => work(inner)),
-        rawCommit: (tx) => tx.$executeRawUnsafe('COMMIT'),
-        close: () => prisma.$disconnect(),
-      };
+      return prismaUnderTest(prisma, 'INSERT INTO {table} DEFAULT VALUES');
     },
     (tx, sql) => tx.$executeRawUnsafe(sql),
   );

@@ -12,6 +12,7 @@ import {
 } from '../src/stores/sql/drivers/prisma.js';
 import { statementKind } from '../src/stores/sql/drivers/statement-kind.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
+import { prismaUnderTest } from './support/prisma-under-test.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { textResponse } from './support/store-calls.js';
 
@@ -40,14 +41,7 @@ type Tx = PrismaTransaction<Prisma>;
 describe.skipIf(!hasPostgres)('prisma', () => {
   describeOrmStore<Tx>('prisma', async () => {
     const prisma = new PrismaClient({ adapter: new PrismaPg({ connectionString: PG_URL }) });
-    return {
-      store: (options) => prismaStore(prisma, options),
-      insert: (tx, table) => tx.$executeRawUnsafe(`INSERT INTO ${table} DEFAULT VALUES`),
-      // Prisma 7 nests an interactive transaction on a transaction client as a savepoint.
-      nested: (tx, work) => tx.$transaction((inner) => work(inner)),
-      rawCommit: (tx) => tx.$executeRawUnsafe('COMMIT'),
-      close: () => prisma.$disconnect(),
-    };
+    return prismaUnderTest(prisma, 'INSERT INTO {table} DEFAULT VALUES');
   });
 });
 
