@@ -56,16 +56,20 @@ describe('sequelize on SQLite (sqlite3)', () => {
     try {
       const store = sequelizeStore(sequelize, { migrate: true });
       await store.migrate();
-      let second: Promise<unknown> | undefined;
-      const first = await store.atomic(claimInput('holds'), async () => {
-        second = store.atomic(claimInput('waits'), async () => ({
-          response: textResponse('b'),
-          commit: true,
-        }));
+      let held!: () => void;
+      const holding = new Promise<void>((resolve) => (held = resolve));
+      const first = store.atomic(claimInput('holds'), async () => {
+        held();
         await sleep(7000);
         return { response: textResponse('a'), commit: true };
       });
-      expect(first).toMatchObject({ outcome: 'executed', committed: true });
+      await holding;
+      // Called from outside the first operation's work, as another request would be.
+      const second = store.atomic(claimInput('waits'), async () => ({
+        response: textResponse('b'),
+        commit: true,
+      }));
+      expect(await first).toMatchObject({ outcome: 'executed', committed: true });
       expect(await second).toMatchObject({ outcome: 'executed', committed: true });
     } finally {
       await sequelize.close();

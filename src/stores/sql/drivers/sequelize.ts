@@ -33,7 +33,7 @@ interface OpenTransaction {
  */
 const DIALECTS: Record<string, SqlDialect> = { postgres: 'postgres', mysql: 'mysql', sqlite: 'sqlite' };
 
-/** Bytes as node-postgres and mysql2 take them: a `Buffer` (mysql2 would write a bare `Uint8Array` as an object). */
+/** Bytes as node-postgres, mysql2 and node-sqlite3 take them: a `Buffer` (mysql2 would write a bare `Uint8Array` as an object). */
 const asDriverValue = (value: unknown) =>
   value instanceof Uint8Array && !Buffer.isBuffer(value)
     ? Buffer.from(value.buffer, value.byteOffset, value.byteLength)
@@ -96,7 +96,8 @@ export function sequelizeDriver(sequelize: Sequelize): SqlDriver<Transaction> {
   }
   const { connectionManager } = sequelize;
   // On SQLite, Sequelize opens a connection per transaction (and one for the rest), each
-  // contending for the one writer: taken in turns, none waits on another's lock, and a
+  // contending for the one writer within node-sqlite3's 1 s busy timeout (and Sequelize's 5
+  // retries of a busy BEGIN): taken in turns, none waits on another's lock, and a
   // transaction takes the write lock as it begins (IMMEDIATE) so that one in another process
   // waits for it there rather than failing busy on its first write.
   const sqlite = dialect === 'sqlite';
