@@ -1,6 +1,6 @@
 import { randomUUID } from 'node:crypto';
 import http from 'node:http';
-import { PassThrough, Readable } from 'node:stream';
+import { PassThrough, pipeline, Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
@@ -237,31 +237,37 @@ describeAdapterSpecifics('express specifics', idempotency, (store, started) => {
     });
   }
 
-  it('a client that hangs up while a piped body is held: its key is released, not held for ever', async () => {
-    for (const express of [express5, express4]) {
-      let piping!: () => void;
-      const piped = new Promise<void>((resolve) => {
-        piping = resolve;
-      });
-      const app = await start(express, (a) =>
-        a.post('/held', express.json(), idempotency({ store, lease: '1h' }), (_req, res) => {
-          // A body still coming when the client leaves: pipe() then lets go of the response.
-          const source = new PassThrough();
-          source.write('part');
-          source.pipe(res);
-          piping();
-        }),
-      );
-      const key = `held-${randomUUID()}`;
-      const headers = { 'content-type': 'application/json', 'idempotency-key': key };
-      const req = http.request(`${app.url}/held`, { method: 'POST', headers });
-      req.on('error', () => undefined);
-      req.end('{}');
-      await piped;
-      req.destroy();
-      await settled(store, key);
-    }
-  });
+  it.each([
+    ['pipe()', (source: Readable, res: Response) => source.pipe(res)],
+    ['pipeline()', (source: Readable, res: Response) => pipeline(source, res, () => undefined)],
+  ])(
+    'a client that hangs up while a body sent by %s is held: its key is released, not held for ever',
+    async (_name, pipeTo) => {
+      for (const express of [express5, express4]) {
+        let piping!: () => void;
+        const piped = new Promise<void>((resolve) => {
+          piping = resolve;
+        });
+        const app = await start(express, (a) =>
+          a.post('/held', express.json(), idempotency({ store, lease: '1h' }), (_req, res) => {
+            // A body still coming when the client leaves: the pipe then lets go of the response.
+            const source = new PassThrough();
+            source.write('part');
+            pipeTo(source, res);
+            piping();
+          }),
+        );
+        const key = `held-${randomUUID()}`;
+        const headers = { 'content-type': 'application/json', 'idempotency-key': key };
+        const req = http.request(`${app.url}/held`, { method: 'POST', headers });
+        req.on('error', () => undefined);
+        req.end('{}');
+        await piped;
+        req.destroy();
+        await settled(store, key);
+      }
+    },
+  );
 
   it('without an error middleware, a default Express app still answers engine errors as JSON', async () => {
     for (const express of [express5, express4]) {
