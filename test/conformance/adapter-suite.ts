@@ -9,10 +9,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent } from '../../src/core/contract/index.js';
 import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
 import {
+  credentialScope,
   type IdempotencyContext,
   type IdempotencyOptions,
   IETF_DRAFT_ERRORS_URL,
 } from '../../src/core/index.js';
+import { exchange } from '../support/raw-http.js';
 import type { StoreFactory } from '../support/store-factories.js';
 
 /**
@@ -20,9 +22,10 @@ import type { StoreFactory } from '../support/store-factories.js';
  * large and streamed bodies, concurrent duplicates, handler errors, scopes, pass-through and the
  * known failure modes of other middlewares), run over real HTTP against every adapter and store.
  *
- * Each adapter's test file supplies an {@link AdapterUnderTest}: an app written in that
- * framework's own idiom, guarded app-wide by the options it is given, serving this catalog
- * (`n` is the handler's call count for that method and path, from {@link countCall}):
+ * Each adapter has an {@link AdapterUnderTest} (test/conformance/apps/, Nest's in
+ * test/support/nest-harness.ts): an app written in that framework's own idiom, guarded app-wide
+ * by the options it is given, serving this catalog (`n` is the handler's call count for that
+ * method and path, from {@link countCall}):
  *
  * - `POST|PATCH /orders`: 201, JSON {@link orderJson} sent the framework's usual way, with headers
  *   {@link orderHeaders} (location, etag, set-cookie, x-trace). A JSON body `{"status":S}` is
@@ -380,6 +383,18 @@ async function until(condition: () => boolean, what: string): Promise<void> {
     await sleep(10);
   }
   throw new Error(`timed out waiting for ${what}`);
+}
+
+/**
+ * Waits until `key` (of the default scope) is no longer in progress: its handler's answer saved,
+ * or the key released. A key held for ever fails here, after a margin no handler here needs.
+ */
+export async function settled(store: IdempotencyStore, key: string): Promise<void> {
+  for (let i = 0; i < 1000; i++) {
+    if ((await store.get(credentialScope(undefined), key))?.state !== 'in_progress') return;
+    await sleep(10);
+  }
+  throw new Error(`key ${key} still in progress`);
 }
 
 const newKey = () => `k-${randomUUID()}`;
@@ -976,6 +991,26 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
               expect(second.body.equals(pattern(2, 20000))).toBe(true);
             }),
         );
+
+        // Found by the adapter fuzz (test/fuzz): Nest's StreamableFile, like any body piped into
+        // the response, stops when the client leaves, so the response never ended.
+        it('a client that hangs up during a response streamed past maxResponseBytes: its key is released', () =>
+          withApp({ maxResponseBytes: 16 * 1024, lease: '1h' }, async (app) => {
+            const key = newKey();
+            const outcome = await exchange(Number(new URL(app.url).port), {
+              method: 'POST',
+              target: '/stream?size=21398',
+              headers: [['Idempotency-Key', key]],
+              body: Buffer.alloc(0),
+              framing: { kind: 'length' },
+              cuts: [],
+              hangUp: { at: 'answer' },
+            });
+            expect(outcome.kind).toBe('hung-up');
+            await settled(store, key);
+            const retry = await send(app, 'POST', '/stream?size=21398', { key });
+            expect(retry.body.equals(pattern(2, 21398))).toBe(true);
+          }));
 
         it('30 concurrent duplicates: one execution, 30 identical answers', () =>
           withApp({}, async (app) => {
