@@ -18,7 +18,7 @@ import {
   plan,
   type RunningApp,
   uploadFromAnotherThread,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 import { memory, postgres, sqlite } from './support/store-factories.js';

@@ -14,7 +14,7 @@ import {
   paced,
   plan,
   type RunningApp,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import { memory, redis, sqlite } from './support/store-factories.js';
 
 async function listenFastify(app: FastifyInstance, calls: Record<string, number>): Promise<RunningApp> {

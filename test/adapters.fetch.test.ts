@@ -12,7 +12,7 @@ import {
   pacedStream,
   plan,
   type RunningApp,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 
 /**

@@ -19,7 +19,7 @@ import {
   pacedStream,
   plan,
   type RunningApp,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 import { memory, sqlite } from './support/store-factories.js';
 

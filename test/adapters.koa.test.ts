@@ -15,7 +15,7 @@ import {
   paced,
   plan,
   type RunningApp,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 

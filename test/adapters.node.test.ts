@@ -11,7 +11,7 @@ import {
   paced,
   plan,
   type RunningApp,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import {
   drizzle,
   drizzleMysql,

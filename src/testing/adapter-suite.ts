@@ -6,14 +6,9 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { IdempotencyEvent } from '../../src/core/contract/index.js';
-import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../../src/core/contract/index.js';
-import {
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  IETF_DRAFT_ERRORS_URL,
-} from '../../src/core/index.js';
-import type { StoreFactory } from '../support/store-factories.js';
+import type { IdempotencyEvent } from '../core/contract/index.js';
+import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../core/contract/index.js';
+import { type IdempotencyContext, type IdempotencyOptions, IETF_DRAFT_ERRORS_URL } from '../core/index.js';
 
 /**
  * The adapter conformance suite: one list of HTTP scenarios (every row of the HTTP outcomes in docs/reference.md, bad keys,
@@ -47,6 +42,20 @@ import type { StoreFactory } from '../support/store-factories.js';
  * Keys are random per test, so one store serves a whole describe block. Timing: nothing asserts
  * how long anything took; ordering is established by polling the handler's call count.
  */
+/**
+ * A store to run tests against, one of each kind below: `open` makes a new one on data of its
+ * own (a temp file, a schema, a database, a key prefix), which `cleanup` removes after the caller
+ * closed the store.
+ */
+export interface StoreFactory {
+  name: string;
+  /** The store implements `atomic`: the atomic-mode scenarios run too. */
+  atomic?: boolean;
+  /** `false` when the store's database is unreachable here: its block is skipped. */
+  available?: boolean;
+  open(): Promise<{ store: IdempotencyStore; cleanup?: () => Promise<void> }>;
+}
+
 /** The catalog's POST-only paths (besides `/parser-after`, served with `bodyParsers: 'after'` only). */
 export const CATALOG_POST_PATHS = [
   '/text',
@@ -59,6 +68,7 @@ export const CATALOG_POST_PATHS = [
   '/form',
 ];
 
+/** An adapter's app for {@link describeAdapterConformance}: how it starts, where its body parsers sit. */
 export interface AdapterUnderTest {
   name: string;
   throwPaths: readonly string[];
@@ -81,6 +91,7 @@ export type AppOptions = Omit<IdempotencyOptions, 'scope'> & {
   scopeByAuthorization?: boolean;
 };
 
+/** An app {@link AdapterUnderTest.start} started, listening on loopback. */
 export interface RunningApp {
   /** `http://127.0.0.1:<port>` */
   url: string;
@@ -89,6 +100,7 @@ export interface RunningApp {
   close(): Promise<void>;
 }
 
+/** Counts a handler call of `method` and `path` in `calls` and returns its number (1 for the first). */
 export function countCall(calls: Record<string, number>, method: string, path: string): number {
   const name = `${method.toUpperCase()} ${path}`;
   calls[name] = (calls[name] ?? 0) + 1;
@@ -102,10 +114,12 @@ export function pattern(n: number, size: number): Buffer {
   return bytes;
 }
 
+/** The headers of the `n`th order: location, etag, set-cookie (never replayed) and x-trace. */
 export function orderHeaders(n: number): Record<string, string> {
   return { location: `/orders/${n}`, etag: `"${n}"`, 'set-cookie': `sid=${n}`, 'x-trace': String(n) };
 }
 
+/** The JSON body of the `n`th order, with what the handler saw of its context and body. */
 export function orderJson(n: number, ctx: IdempotencyContext | undefined, received: unknown) {
   return {
     n,
@@ -136,6 +150,7 @@ function textOf(body: unknown): string | undefined {
   return body instanceof Uint8Array ? Buffer.from(body).toString() : undefined;
 }
 
+/** The size of each chunk `POST /stream` sends. */
 export const STREAM_CHUNK_BYTES = 1024;
 
 /**
@@ -152,6 +167,10 @@ export type Planned = { status: number; headers: Record<string, string>; delayMs
   | { kind: 'fail' }
 );
 
+/**
+ * What a catalog route answers for `method` and `url` (see {@link Planned}): each harness's routes
+ * call it and send its answer in the framework's idiom.
+ */
 export function plan(
   calls: Record<string, number>,
   method: string,
