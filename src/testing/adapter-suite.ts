@@ -11,38 +11,6 @@ import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../core/c
 import { type IdempotencyContext, type IdempotencyOptions, IETF_DRAFT_ERRORS_URL } from '../core/index.js';
 
 /**
- * The adapter conformance suite: one list of HTTP scenarios (every row of the HTTP outcomes in docs/reference.md, bad keys,
- * large and streamed bodies, concurrent duplicates, handler errors, scopes, pass-through and the
- * known failure modes of other middlewares), run over real HTTP against every adapter and store.
- *
- * Each adapter's test file supplies an {@link AdapterUnderTest}: an app written in that
- * framework's own idiom, guarded app-wide by the options it is given, serving this catalog
- * (`n` is the handler's call count for that method and path, from {@link countCall}):
- *
- * - `POST|PATCH /orders`: 201, JSON {@link orderJson} sent the framework's usual way, with headers
- *   {@link orderHeaders} (location, etag, set-cookie, x-trace). A JSON body `{"status":S}` is
- *   refused instead, as a validating handler would: S, JSON `{"error":"refused","n":n}`.
- * - `GET|HEAD|PUT|DELETE /orders`: 200, JSON `{"n":n,"key":<ctx key or null>}`.
- * - `POST /text`: 200 `text/plain; charset=utf-8` `made <n>`.
- * - `POST /buffer?size=S`: 200 `application/octet-stream`, `pattern(n, S)` sent in one piece.
- * - `POST /stream?size=S`: the same bytes, streamed in 1 KiB chunks with a macrotask between.
- * - `POST /fail`: 500 JSON `{"error":"boom"}` on its first call, then as `/orders`.
- * - `POST /slow?ms=M`: waits M ms, then as `/orders`.
- * - `POST /empty`: 204 with header `x-trace: <n>` and no body.
- * - `POST /gzip`: 200, JSON `{"n":n}` gzip-encoded, with `content-encoding: gzip` and
- *   `vary: Accept-Encoding`, as a compression middleware inside ours would hand it on.
- * - `POST /form`: a form-encoded body, parsed the framework's way (see `bodyParsers`): 201, JSON
- *   `{"n":n,"form":<its fields>,"parsedByFramework":<the handler got a value, not bytes>}`.
- * - `POST /parser-after`, with `bodyParsers: 'after'` only: the framework's JSON parser mounted
- *   after the middleware; 201, JSON `{"n":n,"received":"buffer:<body>"}` for the Buffer the
- *   middleware left (anything else as received).
- * - every path of `throwPaths`: fails on its first call in one of the framework's error idioms
- *   (sync throw, rejected promise, `next(err)`…), then as `/orders`.
- *
- * Keys are random per test, so one store serves a whole describe block. Timing: nothing asserts
- * how long anything took; ordering is established by polling the handler's call count.
- */
-/**
  * A store to run tests against, one of each kind below: `open` makes a new one on data of its
  * own (a temp file, a schema, a database, a key prefix), which `cleanup` removes after the caller
  * closed the store.
@@ -453,7 +421,40 @@ const MALFORMED_KEYS: ReadonlyArray<[string, Buffer[]]> = [
   ['a sf-string with parameters', [Buffer.from('Idempotency-Key: "abc";p=1')]],
 ];
 
-/** Runs every scenario against `adapter`, once per store. */
+/**
+ * The adapter conformance suite: one list of HTTP scenarios (every row of the HTTP outcomes in docs/reference.md, bad keys,
+ * large and streamed bodies, concurrent duplicates, handler errors, scopes, pass-through and the
+ * known failure modes of other middlewares), run over real HTTP against every adapter and store.
+ *
+ * Each adapter's test file supplies an {@link AdapterUnderTest}: an app written in that
+ * framework's own idiom, guarded app-wide by the options it is given, serving this catalog
+ * (`n` is the handler's call count for that method and path, from {@link countCall}):
+ *
+ * - `POST|PATCH /orders`: 201, JSON {@link orderJson} sent the framework's usual way, with headers
+ *   {@link orderHeaders} (location, etag, set-cookie, x-trace). A JSON body `{"status":S}` is
+ *   refused instead, as a validating handler would: S, JSON `{"error":"refused","n":n}`.
+ * - `GET|HEAD|PUT|DELETE /orders`: 200, JSON `{"n":n,"key":<ctx key or null>}`.
+ * - `POST /text`: 200 `text/plain; charset=utf-8` `made <n>`.
+ * - `POST /buffer?size=S`: 200 `application/octet-stream`, `pattern(n, S)` sent in one piece.
+ * - `POST /stream?size=S`: the same bytes, streamed in 1 KiB chunks with a macrotask between.
+ * - `POST /fail`: 500 JSON `{"error":"boom"}` on its first call, then as `/orders`.
+ * - `POST /slow?ms=M`: waits M ms, then as `/orders`.
+ * - `POST /empty`: 204 with header `x-trace: <n>` and no body.
+ * - `POST /gzip`: 200, JSON `{"n":n}` gzip-encoded, with `content-encoding: gzip` and
+ *   `vary: Accept-Encoding`, as a compression middleware inside ours would hand it on.
+ * - `POST /form`: a form-encoded body, parsed the framework's way (see `bodyParsers`): 201, JSON
+ *   `{"n":n,"form":<its fields>,"parsedByFramework":<the handler got a value, not bytes>}`.
+ * - `POST /parser-after`, with `bodyParsers: 'after'` only: the framework's JSON parser mounted
+ *   after the middleware; 201, JSON `{"n":n,"received":"buffer:<body>"}` for the Buffer the
+ *   middleware left (anything else as received).
+ * - every path of `throwPaths`: fails on its first call in one of the framework's error idioms
+ *   (sync throw, rejected promise, `next(err)`…), then as `/orders`.
+ *
+ * Keys are random per test, so one store serves a whole describe block. Timing: nothing asserts
+ * how long anything took; ordering is established by polling the handler's call count.
+ *
+ * Runs every scenario against `adapter`, once per store.
+ */
 export function describeAdapterConformance(adapter: AdapterUnderTest, stores: readonly StoreFactory[]): void {
   for (const factory of stores) {
     describe.skipIf(factory.available === false)(
