@@ -13,7 +13,7 @@ import {
   type RunningApp,
   settled,
   uploadFromAnotherThread,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
 import { type Express, express4, expressAdapter } from './conformance/apps/express.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';

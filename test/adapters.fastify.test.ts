@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/fastify.js';
 import { ConfigError, type IdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { describeAdapterConformance } from './conformance/adapter-suite.js';
+import { describeAdapterConformance } from '../src/testing/adapter-suite.js';
 import { fastifyAdapter } from './conformance/apps/fastify.js';
 import { memory, redis, sqlite } from './support/store-factories.js';
 

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { idempotency, idempotencyOf } from '../src/adapters/fetch.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { describeAdapterConformance } from './conformance/adapter-suite.js';
+import { describeAdapterConformance } from '../src/testing/adapter-suite.js';
 import { fetchAdapter } from './conformance/apps/fetch.js';
 import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 

@@ -7,7 +7,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/hono.js';
 import { isIdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { describeAdapterConformance } from './conformance/adapter-suite.js';
+import { describeAdapterConformance } from '../src/testing/adapter-suite.js';
 import { type Env, honoAdapter } from './conformance/apps/hono.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 import { memory, sqlite } from './support/store-factories.js';

@@ -3,7 +3,7 @@ import Koa3, { type Context, type Middleware } from 'koa';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/koa.js';
 import type { IdempotencyError } from '../src/core/contract/index.js';
-import { describeAdapterConformance, listen, type RunningApp } from './conformance/adapter-suite.js';
+import { describeAdapterConformance, listen, type RunningApp } from '../src/testing/adapter-suite.js';
 import { Koa2, koaAdapter } from './conformance/apps/koa.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { memory, postgres, redis, sqlite } from './support/store-factories.js';

@@ -4,7 +4,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { describeAdapterConformance, listen, type RunningApp } from './conformance/adapter-suite.js';
+import { describeAdapterConformance, listen, type RunningApp } from '../src/testing/adapter-suite.js';
 import { nodeAdapter } from './conformance/apps/node.js';
 import {
   drizzle,

@@ -3,8 +3,8 @@ import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { IdempotencyStore, KeyRecordSummary } from '../../src/core/contract/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import type { AdapterUnderTest, AppOptions, RunningApp } from '../conformance/adapter-suite.js';
-import { exchange, type RawOutcome, type RawReply, type RawRequest } from '../support/raw-http.js';
+import type { AdapterUnderTest, AppOptions, RunningApp } from '../../src/testing/adapter-suite.js';
+import { exchange, type RawOutcome, type RawReply, type RawRequest } from '../../src/testing/raw-http.js';
 
 /**
  * The adapter fuzz: one set of arbitraries over the HTTP surface (keys, repeated and odd headers,

@@ -25,7 +25,7 @@ import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { throwError } from 'rxjs';
 import { IdempotencyCtx, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
 import type { IdempotencyContext } from '../../src/core/index.js';
-import { type AdapterUnderTest, paced, plan, type RunningApp } from '../conformance/adapter-suite.js';
+import { type AdapterUnderTest, paced, plan, type RunningApp } from '../../src/testing/adapter-suite.js';
 
 /**
  * Nest apps for the adapter tests, written without decorator syntax (the project compiles

@@ -11,7 +11,7 @@ import {
   type Planned,
   paced,
   plan,
-} from '../adapter-suite.js';
+} from '../../../src/testing/adapter-suite.js';
 
 // The adapter suite's catalog served by Express (4 and 5, with express.json() in front or no parser): its conformance tests and the adapter fuzz
 // (test/fuzz) run against this app.

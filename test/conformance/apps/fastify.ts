@@ -10,7 +10,7 @@ import {
   paced,
   plan,
   type RunningApp,
-} from '../adapter-suite.js';
+} from '../../../src/testing/adapter-suite.js';
 
 // The adapter suite's catalog served by Fastify: its conformance tests and the adapter fuzz
 // (test/fuzz) run against this app.

@@ -9,7 +9,7 @@ import {
   pacedStream,
   plan,
   type RunningApp,
-} from '../adapter-suite.js';
+} from '../../../src/testing/adapter-suite.js';
 
 // The adapter suite's catalog served by the Web-standard fetch adapter: its conformance tests and the adapter fuzz
 // (test/fuzz) run against this app.

@@ -12,7 +12,7 @@ import {
   pacedStream,
   plan,
   type RunningApp,
-} from '../adapter-suite.js';
+} from '../../../src/testing/adapter-suite.js';
 
 // The adapter suite's catalog served by Hono on @hono/node-server: its conformance tests and the adapter fuzz
 // (test/fuzz) run against this app.

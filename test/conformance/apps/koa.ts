@@ -6,7 +6,13 @@ import { bodyParser } from '@koa/bodyparser';
 import type Koa3 from 'koa';
 import type { Context } from 'koa';
 import { idempotency } from '../../../src/adapters/koa.js';
-import { type AdapterUnderTest, CATALOG_POST_PATHS, listen, paced, plan } from '../adapter-suite.js';
+import {
+  type AdapterUnderTest,
+  CATALOG_POST_PATHS,
+  listen,
+  paced,
+  plan,
+} from '../../../src/testing/adapter-suite.js';
 
 // The adapter suite's catalog served by Koa (2 and 3, with @koa/bodyparser in front or no parser): its conformance tests and the adapter fuzz
 // (test/fuzz) run against this app.

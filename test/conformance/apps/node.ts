@@ -1,7 +1,7 @@
 import http, { type IncomingMessage } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { idempotency } from '../../../src/adapters/node.js';
-import { type AdapterUnderTest, listen, paced, plan } from '../adapter-suite.js';
+import { type AdapterUnderTest, listen, paced, plan } from '../../../src/testing/adapter-suite.js';
 
 // The adapter suite's catalog served by node:http: its conformance tests and the adapter fuzz
 // (test/fuzz) run against this app.
