@@ -97,8 +97,22 @@ function appProcess(index, port, env) {
   };
 }
 
-/** One (store, mode): apps, clients and faults for `durationMs`, then the final replay pass. */
-export async function tortureOne(storeName, mode, { durationMs, apps: appCount, clients: clientCount }) {
+/**
+ * One (store, mode): apps, clients and faults for `durationMs`, then the final replay pass.
+ * `faultSpanMs` (how long a lock, a delay or a stall lasts) and `callDeadlineMs` (a client's
+ * budget per intent) are shortened by the CI schedule, whose run ends when its last call does.
+ */
+export async function tortureOne(
+  storeName,
+  mode,
+  {
+    durationMs,
+    apps: appCount,
+    clients: clientCount,
+    faultSpanMs = FAULT_SPAN_MS,
+    callDeadlineMs = CALL_DEADLINE_MS,
+  },
+) {
   const target = await TARGETS[storeName].open();
   const faults = { 'app-sigkill': 0, 'clock-skewed apps': 0, 'handler past lease': 0 };
   const attempts = [];
@@ -122,7 +136,7 @@ export async function tortureOne(storeName, mode, { durationMs, apps: appCount, 
     /** A retrying client whose `fetch` goes to a random app and records each attempt. */
     const client = (name, phase, pick = () => apps[Math.floor(Math.random() * apps.length)]) => {
       return createRetryingFetch({
-        deadlineMs: CALL_DEADLINE_MS,
+        deadlineMs: callDeadlineMs,
         attemptTimeoutMs: 8000,
         baseDelayMs: 50,
         maxDelayMs: 1000,
@@ -247,9 +261,9 @@ export async function tortureOne(storeName, mode, { durationMs, apps: appCount, 
         } else if (kind === 'link-reset') target.proxy.reset();
         else if (kind === 'link-delay') {
           target.proxy.delay(200);
-          pending.push(sleep(FAULT_SPAN_MS).then(() => target.proxy.delay(0)));
-        } else if (kind === 'link-stall') target.proxy.stall(FAULT_SPAN_MS);
-        else pending.push(Promise.resolve(target.faults[kind](FAULT_SPAN_MS)).catch(() => {}));
+          pending.push(sleep(faultSpanMs).then(() => target.proxy.delay(0)));
+        } else if (kind === 'link-stall') target.proxy.stall(faultSpanMs);
+        else pending.push(Promise.resolve(target.faults[kind](faultSpanMs)).catch(() => {}));
       }
       await Promise.all(pending);
     };

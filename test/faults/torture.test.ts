@@ -13,7 +13,7 @@ import { hasMysql, hasPostgres, hasRedis } from '../support/services.js';
  * fault kind the store can take lands at least once; the checker must find nothing. A failing
  * history is kept as JSON (its path in the failure) for `node scripts/torture/run.js --check`.
  */
-const SHORT = { durationMs: 3000, apps: 3, clients: 6 };
+const SHORT = { durationMs: 2500, apps: 3, clients: 6, faultSpanMs: 1200, callDeadlineMs: 8000 };
 
 const available: Record<string, boolean> = {
   sqlite: true,
