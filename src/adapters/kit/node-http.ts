@@ -1,13 +1,12 @@
 import type { EventEmitter } from 'node:events';
 import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:http';
-import {
-  type CapturedResponse,
-  ErrorCode,
-  type Idempotency,
-  type IdempotencyError,
-  type Outcome,
-  type ResponseCollector,
-  type StoredResponse,
+import type {
+  CapturedResponse,
+  Idempotency,
+  IdempotencyError,
+  Outcome,
+  ResponseCollector,
+  StoredResponse,
 } from '../../core/index.js';
 import { withHeader } from '../../core/response/index.js';
 
@@ -200,8 +199,9 @@ export function sendAnswer(
 /**
  * Readies `res` for an answer sent in the handler's place (a replay, an engine error): the
  * headers the handler set, when it ran (`before`: the ones `res` had until then), are dropped;
- * for a body refused as too large (`error`), the rest is read off before the answer goes out,
- * whoever writes it.
+ * for an engine error (`error`) answered before the body was read (one too large, or a bad key,
+ * refused before any of it is read), the rest is read off before the answer goes out, whoever
+ * writes it: otherwise a client still uploading sees a reset instead of the answer.
  */
 export function clearForAnswer(
   req: IncomingMessage | undefined,
@@ -210,7 +210,7 @@ export function clearForAnswer(
   error?: IdempotencyError,
 ): void {
   if (before) resetHeaders(res, before);
-  if (req && error?.code === ErrorCode.bodyTooLarge) closeAfterDrain(req, res);
+  if (req && error !== undefined) closeAfterDrain(req, res);
 }
 
 /** Puts back the headers `res` had before the handler ran, dropping every one the handler set. */
