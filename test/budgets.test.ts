@@ -75,7 +75,7 @@ async function measure(store: IdempotencyStore, mode: Mode) {
 
 /**
  * [promises, reactions] per path; the status each path answers is checked too. The claim loop
- * shared by HTTP requests and `idempotent()` (engine/claim-loop.ts) prepares the request inside
+ * shared by HTTP requests and `idempotent()` (`execute`, engine/journey.ts) prepares the request inside
  * its own async call, so sharing it costs no turn; and it awaits lease mode's handler step rather
  * than returning its promise, one reaction fewer on a fresh lease-mode request. PostgreSQL
  * atomic's replay and mismatch answer without waiting for their ROLLBACK (2 reactions fewer), and

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import {
+  type AtomicStore,
   type CapturedResponse,
   createIdempotency,
   type IdempotencyEvent,
@@ -137,6 +138,31 @@ describe('onEvent', () => {
       waitedMs: expect.any(Number),
       result: 'replayed',
     });
+  });
+
+  it('waited: in atomic mode too, the wait ends before what came of it is reported', async () => {
+    const base = sqliteStore({ url: ':memory:', migrate: true });
+    // The duplicate's first claim finds the key in progress, as behind an open transaction.
+    let busy = false;
+    const store = withStore(
+      {
+        atomic: (input, work) => {
+          if (!busy) return base.atomic(input, work);
+          busy = false;
+          return Promise.resolve({ outcome: 'in_progress', retryAfterMs: 1 });
+        },
+      } as Partial<AtomicStore>,
+      base,
+    );
+    const { idem, events } = engine({ store, mode: 'atomic' });
+    await idem.handle(postRequest('w'), answer());
+    busy = true;
+    expect((await idem.handle(postRequest('w'), answer())).kind).toBe('replayed');
+    expect(events.map((e) => [e.type, 'result' in e ? e.result : undefined])).toEqual([
+      ['executed', undefined],
+      ['waited', 'replayed'],
+      ['replayed', undefined],
+    ]);
   });
 
   it('waited: 409 at once with concurrency reject, and when the wait runs out', async () => {

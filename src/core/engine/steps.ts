@@ -8,7 +8,7 @@ import {
 } from '../contract/index.js';
 import { jsonProblem } from '../jobs/json-value.js';
 import type { IdempotencyContext } from './adapter-contract.js';
-import type { Engine } from './state.js';
+import type { Journey } from './journey-state.js';
 
 const MAX_STEP_NAME_LENGTH = 200;
 
@@ -121,24 +121,28 @@ function stepText(name: string, value: unknown, maxBytes: number): string {
 
 /**
  * The steps of one lease-mode operation: runs each unfinished step once and saves it fenced by
- * `token`; answers finished ones (a takeover's) from their saved results. `request` is saved with
- * the operation's first step, for the completer.
+ * the journey's token; answers finished ones (a takeover's) from their saved results. The request
+ * is saved with the operation's first step, for the completer.
  */
-export function leasedSteps<Req, Tx>(
-  { config: { store, maxStepBytes }, codec, guard, emit }: Engine<Req>,
-  claim: ClaimInput,
-  token: string,
-  finished: readonly SavedStep[] | undefined,
-  request: (() => string) | undefined,
-) {
+export function leasedSteps<Req, Tx>(journey: Journey<Req, Tx>) {
+  const {
+    engine: {
+      config: { store, maxStepBytes },
+      codec,
+      guard,
+      emit,
+    },
+    claim: { scope, key },
+    token,
+    finished,
+  } = journey;
   const results = new Map<string, string>();
   for (const step of finished ?? []) results.set(step.name, step.value);
   // The request is on the record once any step is.
-  let unsavedRequest = results.size === 0 ? request : undefined;
+  let unsavedRequest = results.size === 0 ? journey.encodeRequest : undefined;
   const running = new Set<string>();
   // Steps this execution ran or replayed: a takeover replays each finished step once.
   const used = new Set<string>();
-  const { scope, key } = claim;
 
   function finishedResult(name: string): { value: unknown } | undefined {
     checkName(name);
@@ -149,7 +153,7 @@ export function leasedSteps<Req, Tx>(
       return undefined;
     }
     used.add(name);
-    if (emit) emit({ type: 'step_replayed', key, scope, name });
+    journey.stepReplayed(name);
     return { value: codec.decodeValue(saved) };
   }
 
@@ -169,7 +173,7 @@ export function leasedSteps<Req, Tx>(
     }
     const { saved, step } = outcome;
     if (!saved || !step) {
-      if (emit) emit({ type: 'fenced', key, scope, step: 'step' });
+      journey.fenced('step');
       throw new StepFencedError(
         `retrysafe: step '${name}' was not saved: another request took key ${key} over`,
       );
@@ -177,7 +181,7 @@ export function leasedSteps<Req, Tx>(
     unsavedRequest = undefined;
     used.add(name);
     results.set(name, step.value);
-    if (emit) emit({ type: 'step_saved', key, scope, name, phase, stepMs: performance.now() - startMs });
+    if (emit) journey.stepSaved(name, phase, performance.now() - startMs);
     // What a takeover would answer: the JSON round trip of the result.
     return codec.decodeValue(step.value);
   }
