@@ -21,7 +21,11 @@ import { memory, postgres, redis, sqlite } from './support/store-factories.js';
  * `Request`, rebuilt from the one the server made, and its Node `Response` is written as is
  * (`overrideGlobalObjects: false` leaves Node's globals alone).
  */
-function serveFetch(handler: FetchHandler, calls: Record<string, number>): Promise<RunningApp> {
+function serveFetch(
+  handler: FetchHandler,
+  calls: Record<string, number>,
+  resume?: RunningApp['resume'],
+): Promise<RunningApp> {
   const listener = getRequestListener(
     (served: Request) =>
       handler(
@@ -35,7 +39,7 @@ function serveFetch(handler: FetchHandler, calls: Record<string, number>): Promi
       ),
     { overrideGlobalObjects: false },
   );
-  return listen(createServer(listener), calls);
+  return listen(createServer(listener), calls, resume);
 }
 
 /** The catalog's answer, written the Web-standard way. */
@@ -82,7 +86,7 @@ const fetchAdapter: AdapterUnderTest = {
         return respond(planned);
       })();
     });
-    return serveFetch(handler, calls);
+    return serveFetch(handler, calls, guard.resumeThrough(handler));
   },
 };
 

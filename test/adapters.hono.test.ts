@@ -25,8 +25,12 @@ import { memory, sqlite } from './support/store-factories.js';
 
 type Env = { Variables: IdempotencyVariables };
 
-function serveHono(app: Hono<Env>, calls: Record<string, number>): Promise<RunningApp> {
-  return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls);
+function serveHono(
+  app: Hono<Env>,
+  calls: Record<string, number>,
+  resume?: RunningApp['resume'],
+): Promise<RunningApp> {
+  return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls, resume);
 }
 
 const honoAdapter: AdapterUnderTest = {
@@ -35,12 +39,11 @@ const honoAdapter: AdapterUnderTest = {
   async start({ scopeByAuthorization, ...options }) {
     const calls: Record<string, number> = {};
     const app = new Hono<Env>();
-    app.use(
-      idempotency({
-        ...options,
-        ...(scopeByAuthorization ? { scope: (c: Context) => c.req.header('authorization') ?? '' } : {}),
-      }),
-    );
+    const idem = idempotency({
+      ...options,
+      ...(scopeByAuthorization ? { scope: (c: Context) => c.req.header('authorization') ?? '' } : {}),
+    });
+    app.use(idem);
     const handler = async (c: Context<Env>) => {
       const planned = plan(calls, c.req.method, new URL(c.req.url), c.get('idempotency'), await c.req.text());
       if (planned.delayMs) await sleep(planned.delayMs);
@@ -65,7 +68,7 @@ const honoAdapter: AdapterUnderTest = {
     for (const path of [...CATALOG_POST_PATHS, ...honoAdapter.throwPaths]) {
       app.post(path, handler);
     }
-    return serveHono(app, calls);
+    return serveHono(app, calls, idem.resumeThrough(app));
   },
 };
 

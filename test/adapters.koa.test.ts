@@ -44,12 +44,11 @@ function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
       app.silent = true;
       // Past the suite's largest upload, as express.json() in the Express tests: maxBodyBytes answers.
       if (parser) app.use(bodyParser({ jsonLimit: '10mb' }));
-      app.use(
-        idempotency({
-          ...options,
-          ...(scopeByAuthorization ? { scope: (ctx) => ctx.get('authorization') } : {}),
-        }),
-      );
+      const idem = idempotency({
+        ...options,
+        ...(scopeByAuthorization ? { scope: (ctx) => ctx.get('authorization') } : {}),
+      });
+      app.use(idem);
       if (!parser) {
         const later = bodyParser();
         app.use((ctx, next) => (ctx.path === '/parser-after' ? later(ctx, next) : next()));
@@ -84,7 +83,7 @@ function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnderTest {
             break;
         }
       });
-      return listen(http.createServer(app.callback()), calls);
+      return listen(http.createServer(app.callback()), calls, idem.resumeThrough(app));
     },
   };
 }
