@@ -508,6 +508,7 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
               )
               .catch(() => undefined);
             const record = await abandonedRecord(store, key);
+            expect(app.resume, 'the adapter under test passes its resumeThrough(app)').toBeDefined();
             const outcome = (await app.resume?.(record)) as { kind: string; response: { body: Uint8Array } };
             expect(outcome.kind).toBe('executed');
             const answered = JSON.parse(Buffer.from(outcome.response.body).toString());
