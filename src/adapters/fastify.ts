@@ -79,24 +79,6 @@ interface Pending {
   settled: boolean;
 }
 
-/**
- * Fastify 5 plugin guarding POST/PATCH routes with Idempotency-Key. Plugin options are the
- * defaults of every route of the instance it is registered on, declared before or after it, with
- * or without `await` on the register (a route declared before the plugin loaded claims its key
- * before its own preHandler hooks, one declared after it, after them); a route's `config: { idempotency: {...} }` overrides them,
- * and `config: { idempotency: false }` leaves a route unguarded. The guarded handler finds
- * `request.idempotency`; what it sends (object, string, Buffer or stream) is captured in
- * `onSend`, saved, and replayed to retries byte for byte. A stream larger than
- * `maxResponseBytes` is streamed through in lease mode, not saved, and the key released. An
- * error the handler throws releases the key before Fastify's error handler answers it.
- * Fastify's own `bodyLimit` applies before `maxBodyBytes`.
- * @example
- * app.register(idempotency, { store, ttl: '7d' });
- * app.post('/orders', { config: { idempotency: { required: true } } }, async (request, reply) => {
- *   reply.code(201).header('location', `/orders/${id}`);
- *   return { id, key: request.idempotency?.key };
- * });
- */
 // The plugin's engine (of its options, not a route's) on each instance it was registered on.
 const engines = new WeakMap<FastifyInstance, Idempotency<FastifyRequest, unknown>>();
 
@@ -154,6 +136,25 @@ const plugin: FastifyPluginCallback<FastifyIdempotencyOptions> = fastifyPlugin(
   { name: 'retrysafe', fastify: '5.x' },
 );
 
+/**
+ * Fastify 5 plugin guarding POST/PATCH routes with Idempotency-Key. Plugin options are the
+ * defaults of every route of the instance it is registered on, declared before or after it, with
+ * or without `await` on the register (a route declared before the plugin loaded claims its key
+ * before its own preHandler hooks, one declared after it, after them); a route's `config: { idempotency: {...} }` overrides them,
+ * and `config: { idempotency: false }` leaves a route unguarded. The guarded handler finds
+ * `request.idempotency`; what it sends (object, string, Buffer or stream) is captured in
+ * `onSend`, saved, and replayed to retries byte for byte. A stream larger than
+ * `maxResponseBytes` is streamed through in lease mode, not saved, and the key released. An
+ * error the handler throws releases the key before Fastify's error handler answers it.
+ * Fastify's own `bodyLimit` applies before `maxBodyBytes`. `idempotency.resumeThrough(app)` is the
+ * completer's `resume` through the instance the plugin was registered on.
+ * @example
+ * app.register(idempotency, { store, ttl: '7d' });
+ * app.post('/orders', { config: { idempotency: { required: true } } }, async (request, reply) => {
+ *   reply.code(201).header('location', `/orders/${id}`);
+ *   return { id, key: request.idempotency?.key };
+ * });
+ */
 export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> & ResumesThrough<FastifyInstance> =
   Object.assign(plugin, {
     // Through `inject`: the resumed request runs the route's hooks and handler, without a socket.
