@@ -487,27 +487,7 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
           withApp({}, async (app) => {
             const key = newKey();
             const body = { a: 1 };
-            // A first attempt that saved a step and died: its process, not this app's, claimed.
-            const first = createIdempotency({ store, lease: 1 });
-            await first
-              .handle(
-                {
-                  method: 'POST',
-                  path: '/orders',
-                  keyHeader: key,
-                  contentType: 'application/json',
-                  acceptEncoding: undefined,
-                  authorization: undefined,
-                  readBody: () => Buffer.from(JSON.stringify(body)),
-                  raw: undefined,
-                },
-                async (ctx) => {
-                  await ctx.step('charged', () => 'ch_1');
-                  throw new Error('the process died');
-                },
-              )
-              .catch(() => undefined);
-            const record = await abandonedRecord(store, key);
+            const record = await abandon(store, key, '/orders', body);
             expect(app.resume, 'the adapter under test passes its resumeThrough(app)').toBeDefined();
             const outcome = (await app.resume?.(record)) as { kind: string; response: { body: Uint8Array } };
             expect(outcome.kind).toBe('executed');
@@ -1255,6 +1235,37 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
       },
     );
   }
+}
+
+/**
+ * A first attempt at POST `path` that saved a step and died (its process, not the app's, claimed
+ * the key): resolves with the abandoned record a completer finds, once its ended lease passed.
+ */
+export async function abandon(
+  store: IdempotencyStore,
+  key: string,
+  path: string,
+  body: unknown,
+): Promise<AbandonedRecord> {
+  await createIdempotency({ store, lease: 1 })
+    .handle(
+      {
+        method: 'POST',
+        path,
+        keyHeader: key,
+        contentType: 'application/json',
+        acceptEncoding: undefined,
+        authorization: undefined,
+        readBody: () => Buffer.from(JSON.stringify(body)),
+        raw: undefined,
+      },
+      async (ctx) => {
+        await ctx.step('charged', () => 'ch_1');
+        throw new Error('the process died');
+      },
+    )
+    .catch(() => undefined);
+  return abandonedRecord(store, key);
 }
 
 /** The abandoned record of `key`, once its ended lease is in the past. */
