@@ -84,5 +84,7 @@ async function count(label, script, env) {
   }
 }
 
+// RECEIPTS=0: the count walks back one commit per request, and the receipts' batches would be
+// commits of their own (their cost is overhead's RECEIPTS=0 row).
 await count(`loan desk, SQLite ${values.mode}`, LOAN_DESK, { IDEMPOTENCY_MODE: values.mode, RECEIPTS: '0' });
 await count('floor (sqlite)', FLOOR, { FLOOR: 'sqlite' });

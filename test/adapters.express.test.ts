@@ -1,7 +1,6 @@
+import { randomUUID } from 'node:crypto';
 import http from 'node:http';
-import { createRequire } from 'node:module';
-import { Readable } from 'node:stream';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { PassThrough, pipeline, Readable } from 'node:stream';
 import { gunzipSync } from 'node:zlib';
 import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
@@ -9,99 +8,16 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/express.js';
 import type { IdempotencyError } from '../src/core/contract/index.js';
 import {
-  type AdapterUnderTest,
-  CATALOG_POST_PATHS,
   describeAdapterConformance,
   listen,
-  type Planned,
-  paced,
-  plan,
   type RunningApp,
+  settled,
   uploadFromAnotherThread,
-} from './conformance/adapter-suite.js';
+} from '../src/testing/adapter-suite.js';
+import { type Express, express4, expressAdapter } from './conformance/apps/express.js';
 import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 import { memory, postgres, sqlite } from './support/store-factories.js';
-
-// Express 4 is installed under an alias (npm:express@4); its API is the subset typed here.
-const express4 = createRequire(import.meta.url)('express4') as typeof express5;
-
-type Express = typeof express5;
-
-function answer(res: Response, planned: Exclude<Planned, { kind: 'fail' }>): Promise<void> | undefined {
-  res.status(planned.status).set(planned.headers);
-  switch (planned.kind) {
-    case 'json':
-      return void res.json(planned.json);
-    case 'text':
-      return void res.send(planned.text);
-    case 'bytes':
-      return void res.send(planned.bytes);
-    case 'empty':
-      return void res.end();
-    case 'stream':
-      return (async () => {
-        for await (const chunk of paced(planned.chunks)) res.write(chunk);
-        res.end();
-      })();
-  }
-}
-
-const urlOf = (req: Request) => new URL(req.originalUrl, 'http://x');
-
-/**
- * `parser`: mount `express.json()` and `express.urlencoded()` before the middleware (the usual
- * setup, fingerprint from the parsed body) or nothing (the middleware reads the raw body into
- * `req.body`, and `/parser-after` mounts `express.json()` after it).
- */
-function expressAdapter(
-  name: string,
-  express: Express,
-  parser: boolean,
-  asyncThrow: boolean,
-): AdapterUnderTest {
-  return {
-    name,
-    throwPaths: ['/throw', '/throw-next', ...(asyncThrow ? ['/throw-async'] : [])],
-    bodyParsers: parser ? 'before' : 'after',
-    async start({ scopeByAuthorization, ...options }) {
-      const calls: Record<string, number> = {};
-      const app = express();
-      if (parser) app.use(express.json({ limit: '10mb' }), express.urlencoded({ extended: false }));
-      const idem = idempotency({
-        ...options,
-        ...(scopeByAuthorization ? { scope: (req) => req.get('authorization') ?? '' } : {}),
-      });
-      app.use(idem);
-      const planFor = (req: Request) => plan(calls, req.method, urlOf(req), req.idempotency, req.body);
-      app.post('/throw', (req, res) => {
-        const planned = planFor(req);
-        if (planned.kind === 'fail') throw new Error('boom');
-        return answer(res, planned);
-      });
-      app.post('/throw-next', (req, res, next) => {
-        const planned = planFor(req);
-        if (planned.kind === 'fail') return next(new Error('boom'));
-        return answer(res, planned);
-      });
-      app.post('/throw-async', async (req, res) => {
-        const planned = planFor(req);
-        await sleep(1);
-        if (planned.kind === 'fail') throw new Error('boom');
-        return answer(res, planned);
-      });
-      if (!parser) app.post('/parser-after', express.json());
-      app.all(['/orders', ...CATALOG_POST_PATHS, '/parser-after'], (req, res, next) => {
-        const planned = planFor(req);
-        if (planned.kind === 'fail') return next(new Error('unexpected'));
-        void sleep(planned.delayMs ?? 0)
-          .then(() => answer(res, planned))
-          .catch(next);
-      });
-      return listen(http.createServer(app), calls, idem.resumeThrough(app));
-    },
-  };
-}
 
 describeAdapterConformance(expressAdapter('express 5 (express.json() first)', express5, true, true), [
   memory,
@@ -320,6 +236,38 @@ describeAdapterSpecifics('express specifics', idempotency, (store, started) => {
       });
     });
   }
+
+  it.each([
+    ['pipe()', (source: Readable, res: Response) => source.pipe(res)],
+    ['pipeline()', (source: Readable, res: Response) => pipeline(source, res, () => undefined)],
+  ])(
+    'a client that hangs up while a body sent by %s is held: its key is released, not held for ever',
+    async (_name, pipeTo) => {
+      for (const express of [express5, express4]) {
+        let piping!: () => void;
+        const piped = new Promise<void>((resolve) => {
+          piping = resolve;
+        });
+        const app = await start(express, (a) =>
+          a.post('/held', express.json(), idempotency({ store, lease: '1h' }), (_req, res) => {
+            // A body still coming when the client leaves: the pipe then lets go of the response.
+            const source = new PassThrough();
+            source.write('part');
+            pipeTo(source, res);
+            piping();
+          }),
+        );
+        const key = `held-${randomUUID()}`;
+        const headers = { 'content-type': 'application/json', 'idempotency-key': key };
+        const req = http.request(`${app.url}/held`, { method: 'POST', headers });
+        req.on('error', () => undefined);
+        req.end('{}');
+        await piped;
+        req.destroy();
+        await settled(store, key);
+      }
+    },
+  );
 
   it('without an error middleware, a default Express app still answers engine errors as JSON', async () => {
     for (const express of [express5, express4]) {

@@ -1,76 +1,16 @@
-import type { Server } from 'node:http';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { gunzipSync } from 'node:zlib';
-import { createAdaptorServer } from '@hono/node-server';
 import { type Context, Hono } from 'hono';
 import { compress } from 'hono/compress';
 import { HTTPException } from 'hono/http-exception';
 import { streamText } from 'hono/streaming';
-import type { ContentfulStatusCode } from 'hono/utils/http-status';
 import { afterAll, describe, expect, it } from 'vitest';
-import { type IdempotencyVariables, idempotency } from '../src/adapters/hono.js';
+import { idempotency } from '../src/adapters/hono.js';
 import { isIdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import {
-  type AdapterUnderTest,
-  CATALOG_POST_PATHS,
-  describeAdapterConformance,
-  listen,
-  pacedStream,
-  plan,
-  type RunningApp,
-} from './conformance/adapter-suite.js';
+import { describeAdapterConformance } from '../src/testing/adapter-suite.js';
+import { type Env, honoAdapter } from './conformance/apps/hono.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 import { memory, sqlite } from './support/store-factories.js';
-
-type Env = { Variables: IdempotencyVariables };
-
-function serveHono(
-  app: Hono<Env>,
-  calls: Record<string, number>,
-  resume?: RunningApp['resume'],
-): Promise<RunningApp> {
-  return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls, resume);
-}
-
-const honoAdapter: AdapterUnderTest = {
-  name: 'hono (@hono/node-server)',
-  throwPaths: ['/throw', '/throw-http-exception'],
-  async start({ scopeByAuthorization, ...options }) {
-    const calls: Record<string, number> = {};
-    const app = new Hono<Env>();
-    const idem = idempotency({
-      ...options,
-      ...(scopeByAuthorization ? { scope: (c: Context) => c.req.header('authorization') ?? '' } : {}),
-    });
-    app.use(idem);
-    const handler = async (c: Context<Env>) => {
-      const planned = plan(calls, c.req.method, new URL(c.req.url), c.get('idempotency'), await c.req.text());
-      if (planned.delayMs) await sleep(planned.delayMs);
-      const status = planned.status as ContentfulStatusCode;
-      switch (planned.kind) {
-        case 'fail':
-          if (c.req.path === '/throw') throw new Error('boom');
-          throw new HTTPException(503, { message: 'unavailable' });
-        case 'json':
-          return c.json(planned.json, status, planned.headers);
-        case 'text':
-          return c.body(planned.text, status, planned.headers);
-        case 'bytes':
-          return c.body(new Uint8Array(planned.bytes), status, planned.headers);
-        case 'empty':
-          return c.body(null, 204, planned.headers);
-        case 'stream':
-          return c.body(pacedStream(planned.chunks), status, planned.headers);
-      }
-    };
-    app.on(['GET', 'POST', 'PATCH', 'PUT', 'DELETE'], '/orders', handler);
-    for (const path of [...CATALOG_POST_PATHS, ...honoAdapter.throwPaths]) {
-      app.post(path, handler);
-    }
-    return serveHono(app, calls, idem.resumeThrough(app));
-  },
-};
 
 describeAdapterConformance(honoAdapter, [memory, sqlite]);
 

@@ -1,17 +1,11 @@
-import http, { type IncomingMessage } from 'node:http';
+import http from 'node:http';
 import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
 import { memoryStore } from '../src/stores/memory.js';
-import {
-  type AdapterUnderTest,
-  describeAdapterConformance,
-  listen,
-  paced,
-  plan,
-  type RunningApp,
-} from './conformance/adapter-suite.js';
+import { describeAdapterConformance, listen, type RunningApp } from '../src/testing/adapter-suite.js';
+import { nodeAdapter } from './conformance/apps/node.js';
 import {
   drizzle,
   drizzleMysql,
@@ -31,39 +25,6 @@ import {
   redis,
   sqlite,
 } from './support/store-factories.js';
-
-const nodeAdapter: AdapterUnderTest = {
-  name: 'node',
-  throwPaths: ['/throw'],
-  async start({ scopeByAuthorization, ...options }) {
-    const calls: Record<string, number> = {};
-    const guard = idempotency({
-      ...options,
-      ...(scopeByAuthorization ? { scope: (req: IncomingMessage) => req.headers.authorization ?? '' } : {}),
-    });
-    const listener = guard(async (req, res, idem) => {
-      const planned = plan(calls, req.method!, new URL(req.url!, 'http://x'), idem, req.body);
-      if (planned.delayMs) await sleep(planned.delayMs);
-      if (planned.kind === 'fail') throw new Error('boom');
-      const json = planned.kind === 'json' ? { 'content-type': 'application/json' } : {};
-      res.writeHead(planned.status, { ...planned.headers, ...json });
-      switch (planned.kind) {
-        case 'json':
-          return void res.end(JSON.stringify(planned.json));
-        case 'text':
-          return void res.end(planned.text);
-        case 'bytes':
-          return void res.end(planned.bytes);
-        case 'empty':
-          return void res.end();
-        case 'stream':
-          for await (const chunk of paced(planned.chunks)) res.write(chunk);
-          res.end();
-      }
-    });
-    return listen(http.createServer(listener), calls, guard.resumeThrough(listener));
-  },
-};
 
 describeAdapterConformance(nodeAdapter, [memory, sqlite, postgres, postgresBehindPgBouncer, mysql, redis]);
 // The ORM stores through one adapter: the engine's atomic path over each ORM's transaction.

@@ -5,7 +5,7 @@ import { afterAll, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/express.js';
 import { RESUME_HEADER } from '../src/adapters/kit/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { abandon, listen } from './conformance/adapter-suite.js';
+import { abandon, listen } from '../src/testing/adapter-suite.js';
 
 // resumeThrough(app) when the resumed request does not reach the guard, and a client's forged
 // resume header (the adapter suite runs the path that works on every adapter).

@@ -11,9 +11,9 @@ import {
   type StoredResponse,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { postRequest as request } from './support/engine-request.js';
+import { postRequest as request } from '../src/testing/engine-request.js';
+import { signal } from '../src/testing/signal.js';
 import { closedAfterEach } from './support/open-stores.js';
-import { signal } from './support/signal.js';
 
 const closing = closedAfterEach();
 

@@ -11,9 +11,9 @@ import {
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
-import { postRequest } from './support/engine-request.js';
+import { postRequest } from '../src/testing/engine-request.js';
+import { signal } from '../src/testing/signal.js';
 import { closedAfterEach } from './support/open-stores.js';
-import { signal } from './support/signal.js';
 
 /** Every event kind the engine reports, each from a request that causes it. */
 

@@ -13,7 +13,7 @@ import {
   startCompleter,
 } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { postRequest } from './support/engine-request.js';
+import { postRequest } from '../src/testing/engine-request.js';
 
 const created = (body: unknown): CapturedResponse => ({
   status: 201,

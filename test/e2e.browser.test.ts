@@ -1,8 +1,8 @@
 import type { Browser, BrowserContext, Page, Request, Route } from 'playwright-core';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { signal } from '../src/testing/signal.js';
 import { hasChromium, launchChromium } from './support/browser.js';
 import { type LoanDesk, listLoans, startLoanDesk } from './support/loan-desk.js';
-import { signal } from './support/signal.js';
 
 const ADMIN_TOKEN = 'browser-test-admin-token';
 

@@ -242,7 +242,6 @@ describe("the desk's fine: which part is a phase", () => {
       guard: (fn: typeof handler) => (handler = fn),
       phases: true,
       providerUrl: 'http://127.0.0.1:1',
-      demoFaults: false,
     });
     const idem = {
       fingerprint: 'f',

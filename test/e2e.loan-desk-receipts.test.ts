@@ -8,12 +8,13 @@ import { sqliteRows } from './support/sqlite-rows.js';
 
 /**
  * Each new loan's receipt goes through a job (examples/library-loans/receipts.js): an outbox row
- * committed with the loan, sent by `idempotent()` in every desk worker, or relayed to BullMQ. Here
- * LOANS loans are issued to a `WORKERS=3` desk while its workers are SIGKILLed one after another,
- * RECEIPT_DELAY_MS (the desk's test hook) holding each job open long enough for the kills to land
- * mid-job. Every loan ends with exactly one receipt row (the receipt table has no unique key on
- * the loan: only the atomic run keeps a second delivery from writing one), and `GET
- * /loans/:id/receipt` answers it.
+ * committed with the loan, claimed in batches and sent in one transaction per batch by every desk
+ * worker, or relayed to BullMQ and sent by `idempotent()`. Here LOANS loans are issued to a
+ * `WORKERS=3` desk while its workers are SIGKILLed one after another, RECEIPT_DELAY_MS (the desk's
+ * test hook, faults/test-hooks.js) holding each batch between its claim and its receipts long
+ * enough for the kills to land mid-job. Every loan ends with exactly one receipt row (the receipt
+ * table has no unique key on the loan: only the send's fence keeps a second delivery from writing
+ * one), and `GET /loans/:id/receipt` answers it.
  */
 const LOANS = 200;
 const KILLS = 8;
@@ -116,17 +117,21 @@ const receiptsPerLoan = (file: string) => async () =>
 
 describe('GET /loans/:id/receipt', () => {
   it('404 for no such loan, 202 pending with Retry-After while its job runs, then 200 with the receipt', async () => {
-    // The job pauses 3 s before it writes the receipt: the first GET finds it pending.
+    // The job pauses 3 s between its claim (its first attempt, 50 ms after the loan) and the
+    // receipt: GETs in between find it pending.
     const desk = await startLoanDesk({ env: { RECEIPT_DELAY_MS: '3000' } });
     try {
       expect((await getJson(desk.baseUrl, '/loans/999/receipt')).body).toEqual({ error: 'loan_not_found' });
       expect((await getJson(desk.baseUrl, '/loans/x/receipt')).status).toBe(404);
       const loan = { member: 'U-1003', isbn: 'K-04', issuedAt: '2026-05-01' };
       const { body: made } = await postLoan(desk.baseUrl, loan);
-      const pending = await getJson(desk.baseUrl, `/loans/${made.id}/receipt`);
+      const pending = await vi.waitFor(async () => {
+        const answer = await getJson(desk.baseUrl, `/loans/${made.id}/receipt`);
+        expect(answer.body).toEqual({ status: 'pending', loanId: made.id, attempts: 1 });
+        return answer;
+      }, WAIT);
       expect(pending.status).toBe(202);
       expect(pending.headers.get('retry-after')).toBe('1');
-      expect(pending.body).toEqual({ status: 'pending', loanId: made.id, attempts: 1 });
       await vi.waitFor(
         async () => expect((await getJson(desk.baseUrl, `/loans/${made.id}/receipt`)).status).toBe(200),
         WAIT,
@@ -152,7 +157,7 @@ describe('GET /loans/:id/receipt', () => {
     let made: { id: number };
     try {
       made = (await postLoan(quiet.baseUrl, { member: 'U-1002', isbn: 'K-03', issuedAt: '2026-05-02' })).body;
-      // Longer than the outbox's 250 ms poll: a desk that sent receipts would have sent this one.
+      // Far longer than the 50 ms a desk that sends receipts lets loans gather: it would have sent this one.
       await sleep(1_000);
       const pending = await getJson(quiet.baseUrl, `/loans/${made.id}/receipt`);
       expect([pending.status, pending.body]).toEqual([

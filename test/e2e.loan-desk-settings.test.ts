@@ -34,10 +34,9 @@ describe('loan desk IDEMPOTENCY_ENCRYPTION_KEY', () => {
     } finally {
       expect(await first.stop()).toBe(0);
     }
-    const bodies = sqliteRows<{ body: Buffer }>(
-      databaseUrl,
-      "SELECT body FROM idempotency_keys WHERE scope != 'receipts'",
-    ).map((row) => row.body);
+    const bodies = sqliteRows<{ body: Buffer }>(databaseUrl, 'SELECT body FROM idempotency_keys').map(
+      (row) => row.body,
+    );
     expect(bodies).toHaveLength(1);
     expect(bodies[0]!.toString('latin1')).not.toContain(before.body.issuedAt);
 

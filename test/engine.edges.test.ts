@@ -15,7 +15,7 @@ import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
-import { postRequest } from './support/engine-request.js';
+import { postRequest } from '../src/testing/engine-request.js';
 import {
   deleteRedisKeys,
   dropSchemas,

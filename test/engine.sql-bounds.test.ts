@@ -12,7 +12,7 @@ import {
 } from '../src/core/index.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
-import { postRequest } from './support/engine-request.js';
+import { postRequest } from '../src/testing/engine-request.js';
 import { dropSchemas, hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 

@@ -8,7 +8,7 @@ import { idempotency as expressIdempotency } from '../src/adapters/express.js';
 import { idempotency as nodeIdempotency } from '../src/adapters/node.js';
 import { type IdempotencyOptions, IETF_DRAFT_ERRORS_URL } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import { signal } from './support/signal.js';
+import { signal } from '../src/testing/signal.js';
 
 /**
  * draft-ietf-httpapi-idempotency-key-header-07, §2.1–2.7, requirement by requirement, on

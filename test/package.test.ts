@@ -239,6 +239,33 @@ describe('a CommonJS project', () => {
   );
 });
 
+describe('retrysafe/testing in a fresh project, with vitest and fast-check beside it as its peers', () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = project('esm-testing', { type: 'module' }, ['vitest', 'fast-check']);
+  }, 120_000);
+
+  it('runs the store conformance suite on retrysafe/memory: every test passes', { timeout: 120_000 }, () => {
+    writeFileSync(
+      join(dir, 'memory.test.js'),
+      "import { memoryStore } from 'retrysafe/memory';\n" +
+        "import { describeStoreConformance } from 'retrysafe/testing';\n" +
+        "describeStoreConformance('memory', async () => ({ store: memoryStore() }));\n",
+    );
+    const vitest = join(dir, 'node_modules/vitest/vitest.mjs');
+    run(process.execPath, [vitest, 'run', '--reporter=json', '--outputFile=report.json'], dir, 110_000);
+    const report = JSON.parse(readFileSync(join(dir, 'report.json'), 'utf8')) as {
+      numPassedTests: number;
+      numFailedTests: number;
+      numPendingTests: number;
+    };
+    expect(report.numFailedTests).toBe(0);
+    expect(report.numPassedTests).toBeGreaterThan(40);
+    // Atomic mode and phases: the memory store has neither, and the suite skips them.
+    expect(report.numPendingTests).toBe(11);
+  });
+});
+
 /** The ORM quick starts (`examples/orm/<orm>/`) and the packages each needs beside the tarball. */
 const ORM_PEERS: Record<string, string[]> = {
   drizzle: ['drizzle-orm', 'pg'],

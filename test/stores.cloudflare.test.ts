@@ -3,8 +3,8 @@ import { join } from 'node:path';
 import type { Miniflare } from 'miniflare';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type DurableObjectNamespaceLike, durableObjectStore } from '../src/stores/cloudflare/index.js';
-import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
+import { describeIdempotentConformance } from '../src/testing/idempotent-suite.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { readWranglerConfig, startWorker, workerdSupported } from './support/workerd.js';
 
 /**

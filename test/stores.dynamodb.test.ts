@@ -8,8 +8,8 @@ import {
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ConfigError } from '../src/core/contract/index.js';
 import { dynamodbStore } from '../src/stores/dynamodb/index.js';
-import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
+import { describeIdempotentConformance } from '../src/testing/idempotent-suite.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { type Dynalite, startDynalite } from './support/dynalite.js';
 import { claimInput, textResponse } from './support/store-calls.js';
 

@@ -3,8 +3,8 @@ import { describe, expect, it } from 'vitest';
 import type { ClaimInput } from '../src/core/contract/index.js';
 import { Waiters } from '../src/stores/internal.js';
 import { MemoryStoreFullError, memoryStore } from '../src/stores/memory.js';
-import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
+import { describeIdempotentConformance } from '../src/testing/idempotent-suite.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { expectWaitWokenBy } from './support/store-calls.js';
 
 describeStoreConformance('memory', async () => ({ store: memoryStore() }));

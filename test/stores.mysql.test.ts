@@ -3,7 +3,7 @@ import mysql, { type PoolConnection } from 'mysql2/promise';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AtomicResult } from '../src/core/contract/index.js';
 import { type MysqlStore, mysqlMigrationSql, mysqlStore } from '../src/stores/mysql/index.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { hasMysql, mysqlDatabase } from './support/services.js';
 import { claimInput, textResponse } from './support/store-calls.js';
 

@@ -2,7 +2,7 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AtomicWorkResult } from '../src/core/index.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';
 import { postgresUnderTest } from './support/postgres-under-test.js';
 import { dropSchemas, hasPostgres, uniqueName } from './support/services.js';

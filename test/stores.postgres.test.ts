@@ -4,12 +4,12 @@ import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { pgDriver } from '../src/stores/sql/drivers/pg.js';
-import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
+import { describeIdempotentConformance } from '../src/testing/idempotent-suite.js';
+import { signal } from '../src/testing/signal.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { describeSqlDriverConformance } from './conformance/sql-driver-suite.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
 import { postgresUnderTest } from './support/postgres-under-test.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
-import { signal } from './support/signal.js';
 import { claimInput, textResponse } from './support/store-calls.js';
 
 describe.skipIf(!hasPostgres)('postgres', () => {

@@ -9,9 +9,10 @@ import {
   prismaDriver,
   prismaErrorCode,
   prismaStore,
-  statementKind,
 } from '../src/stores/sql/drivers/prisma.js';
+import { statementKind } from '../src/stores/sql/drivers/statement-kind.js';
 import { describeOrmStore } from './conformance/orm-store-suite.js';
+import { prismaUnderTest } from './support/prisma-under-test.js';
 import { hasPostgres, PG_URL, uniqueName } from './support/services.js';
 import { textResponse } from './support/store-calls.js';
 
@@ -40,14 +41,7 @@ type Tx = PrismaTransaction<Prisma>;
 describe.skipIf(!hasPostgres)('prisma', () => {
   describeOrmStore<Tx>('prisma', async () => {
     const prisma = new PrismaClient({ adapter: new PrismaPg({ connectionString: PG_URL }) });
-    return {
-      store: (options) => prismaStore(prisma, options),
-      insert: (tx, table) => tx.$executeRawUnsafe(`INSERT INTO ${table} DEFAULT VALUES`),
-      // Prisma 7 nests an interactive transaction on a transaction client as a savepoint.
-      nested: (tx, work) => tx.$transaction((inner) => work(inner)),
-      rawCommit: (tx) => tx.$executeRawUnsafe('COMMIT'),
-      close: () => prisma.$disconnect(),
-    };
+    return prismaUnderTest(prisma, 'INSERT INTO {table} DEFAULT VALUES');
   });
 });
 
@@ -75,6 +69,21 @@ describe('prisma driver without a database', () => {
   it('refuses what is not a Prisma client, naming what it wants', () => {
     expect(() => prismaStore({} as never)).toThrow(/give a PrismaClient/);
     expect(() => prismaDriver(null as never)).toThrow(/give a PrismaClient/);
+  });
+
+  it("speaks the generated client's provider, and refuses one it has no dialect for", () => {
+    const client = (provider: string) => ({
+      _activeProvider: provider,
+      $queryRawUnsafe: async <T>(): Promise<T> => [] as T,
+      $executeRawUnsafe: async () => 0,
+      $transaction: async <R>(fn: (tx: any) => Promise<R>): Promise<R> => fn('tx'),
+    });
+    expect(prismaDriver(client('postgresql')).dialect).toBe('postgres');
+    expect(prismaDriver(client('mysql')).dialect).toBe('mysql');
+    expect(prismaDriver(client('sqlite')).dialect).toBe('sqlite');
+    expect(() => prismaDriver(client('sqlserver'))).toThrow(/provider is sqlserver/);
+    // SQLite's rows come from PRAGMA statements too.
+    expect(statementKind('PRAGMA table_info(t)')).toBe('select');
   });
 
   it("opens Prisma's interactive transaction with generous limits, or the ones given", async () => {
@@ -112,6 +121,15 @@ describe('prisma driver without a database', () => {
       code: 'P2028',
     });
     expect(prismaErrorCode(closed)).toBeUndefined();
+    // @prisma/adapter-mariadb keeps MySQL's errno only: the store's codes are named as mysql2 names them.
+    const mysql = (errno: string) => ({
+      name: 'PrismaClientKnownRequestError',
+      code: 'P2010',
+      meta: { driverAdapterError: { cause: { kind: 'mysql', originalCode: errno } } },
+    });
+    expect(prismaErrorCode(mysql('1146'), 'mysql')).toBe('ER_NO_SUCH_TABLE');
+    expect(prismaErrorCode(mysql('1205'), 'mysql')).toBe('ER_LOCK_WAIT_TIMEOUT');
+    expect(prismaErrorCode(mysql('1062'), 'mysql')).toBe('1062');
   });
 });
 

@@ -2,8 +2,8 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
 import { type CapturedResponse, createIdempotency } from '../src/core/index.js';
 import { ReplicationError, redisStore } from '../src/stores/redis/index.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
-import { postRequest } from './support/engine-request.js';
+import { postRequest } from '../src/testing/engine-request.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import {
   clusterClient,
   deleteClusterKeys,

@@ -21,8 +21,8 @@ import {
   type SqliteStore,
   sqliteStore,
 } from '../src/stores/sqlite/index.js';
-import { describeIdempotentConformance } from './conformance/idempotent-suite.js';
-import { describeStoreConformance } from './conformance/store-suite.js';
+import { describeIdempotentConformance } from '../src/testing/idempotent-suite.js';
+import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { holdSqliteWriteLock } from './support/sqlite-locker.js';
 import { sqliteRows } from './support/sqlite-rows.js';
 import { expectWaitWokenBy } from './support/store-calls.js';

@@ -54,9 +54,8 @@ export async function startLoanDesk(ctx, variant, { tag = '', env: extraEnv = {}
       }
     };
   }
-  // RECEIPTS=0: a new loan's receipt job is still written with it, but not sent here. The floors
-  // send no receipts, and sending one is an idempotent() run of its own (the jobs scenario's).
-  const env = { DATABASE_URL: databaseUrl, IDEMPOTENCY_MODE: variant.mode, RECEIPTS: '0', ...extraEnv };
+  // The desk as `npm start` runs it: receipts and the completer on (a variant's `env` may differ).
+  const env = { DATABASE_URL: databaseUrl, IDEMPOTENCY_MODE: variant.mode, ...variant.env, ...extraEnv };
   // Its Redis keys hold the request's key, and so the run id that cleanup() looks for.
   if (variant.driver) env.SQLITE_DRIVER = variant.driver;
   if (variant.store) env.IDEMPOTENCY_STORE = variant.store === 'redis' ? REDIS_URL : variant.store;

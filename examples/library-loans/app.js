@@ -65,6 +65,7 @@ export function parseLoan(body) {
  * fines.js. Answers the request handler and `resumeFine`, which re-drives an abandoned fine
  * (the completer's work). `onLent` (optional) hears that a loan was answered, so its receipt job
  * (receipts.js) is committed and can be sent now; `GET /loans/:id/receipt` reads it.
+ * `crashAfterStep` (`DEMO_FAULTS=1` only, faults/test-hooks.js) wraps the fine's handler.
  */
 export function loanDesk({
   database,
@@ -78,6 +79,7 @@ export function loanDesk({
   scopeSecret,
   ops,
   onLent,
+  crashAfterStep,
   ...settings
 }) {
   const guarding = {
@@ -92,10 +94,11 @@ export function loanDesk({
   const guard = idempotency({ ...guarding, mode, required });
   // A fine calls the payment provider between its database writes, which no transaction can span:
   // lease mode, its steps saved one by one (phases when the keys share the desk's database).
+  // `route`: the completer re-drives only operations this handler started.
+  const fineGuard = idempotency({ ...guarding, mode: 'lease', required: true, route: 'POST /fines' });
   const fines = fineRoutes({
     database,
-    // `route`: the completer re-drives only operations this handler started.
-    guard: idempotency({ ...guarding, mode: 'lease', required: true, route: 'POST /fines' }),
+    guard: crashAfterStep ? (handler) => fineGuard(crashAfterStep(handler)) : fineGuard,
     phases: store === database.store,
     ...settings,
   });
@@ -201,12 +204,28 @@ export async function startLoanDesk(config, { setup }) {
   // retry landing on another one would not find its key.
   const scopeSecret =
     config.scopeSecret ?? (await database.secret('scope', randomBytes(32).toString('base64url')));
+  // Test and demo hooks load only when a setting asks for one (faults/test-hooks.js).
+  const { delayMs: receiptDelayMs } = config.receipts;
+  const hooks = config.demoFaults || receiptDelayMs ? await import('./faults/test-hooks.js') : undefined;
   // Every desk process sends receipts (the outbox's leases, or BullMQ's locks, share the jobs out)
   // unless RECEIPTS=0 leaves them to the processes that do.
   const receipts = config.receipts.send
-    ? await startReceipts({ ...config, database, store, logger: ops.logger, onEvent: ops.onEvent })
+    ? await startReceipts({
+        ...config,
+        database: receiptDelayMs ? hooks.slowReceipts(database, receiptDelayMs) : database,
+        store,
+        logger: ops.logger,
+      })
     : undefined;
-  const desk = loanDesk({ ...config, database, store, ops, scopeSecret, onLent: receipts?.nudge });
+  const desk = loanDesk({
+    ...config,
+    database,
+    store,
+    ops,
+    scopeSecret,
+    onLent: receipts?.nudge,
+    crashAfterStep: config.demoFaults ? hooks.crashAfterStep : undefined,
+  });
   const server = http.createServer(desk.handler);
   await new Promise((resolve, reject) => {
     server.once('error', reject);

@@ -32,8 +32,9 @@ const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'
  *                            REDIS_URL=none, a worker in each desk process sends it from the outbox)
  * RECEIPTS                   1 (default): this process sends the receipts of new loans; 0: it sends
  *                            none, their jobs wait in the outbox for a process that does
- * RECEIPT_DELAY_MS           for tests only: a pause in each receipt job, before its receipt is
- *                            written and again before it is marked done, so a SIGKILL lands mid-job (0)
+ * RECEIPT_DELAY_MS           for tests only: a pause before each batch of receipts is written,
+ *                            after its jobs were claimed, so a SIGKILL lands mid-job (0;
+ *                            faults/test-hooks.js)
  * SCOPE_SECRET               at least 16 characters keying the scope digests (HMAC-SHA-256 of
  *                            Authorization); unset, the desk makes one once and keeps it in its database
  * ADMIN_TOKEN                the bearer token /admin/keys and /metrics require

@@ -12,9 +12,6 @@ const FINE_CURRENCY = 'eur';
  */
 const PROVIDER_TIMEOUT_MS = 5000;
 
-/** `DEMO_FAULTS=1` only: the step after which the desk kills itself (`recorded`, `charged`, `paid`). */
-export const CRASH_AFTER_HEADER = 'demo-crash-after';
-
 /** Checks the body of `POST /fines`; a `problem` is answered with 400 before anything is written. */
 export function parseFine(body) {
   const { value, problem } = readJsonObject(body, FINE_SHAPE);
@@ -66,30 +63,18 @@ async function chargeAt(providerUrl, charge, key) {
  * Its handler takes the request's parsed URL and answers `false` for paths it does not serve;
  * `createFine` is the guarded handler the completer re-drives.
  */
-export function fineRoutes({ database, guard, phases, providerUrl, demoFaults }) {
+export function fineRoutes({ database, guard, phases, providerUrl }) {
   const createFine = guard(async function createFine(req, res, idem) {
     const { fine, problem } = parseFine(req.body);
     if (problem) return send(res, 400, problem);
-    const crashPoint = demoFaults ? req.headers[CRASH_AFTER_HEADER] : undefined;
     /**
-     * Runs step `name`, then the demo's crash. `database: true` marks work in the desk's own
-     * database, a phase on `tx` when the keys share it. A call to another service is never a phase:
-     * a phase holds a database transaction (SQLite's write lock, a pooled PostgreSQL connection) for
-     * as long as its work runs, and a charge that hangs would hold it for every other request.
+     * Runs step `name` once per fine. `database: true` marks work in the desk's own database, a
+     * phase on `tx` when the keys share it. A call to another service is never a phase: a phase
+     * holds a database transaction (SQLite's write lock, a pooled PostgreSQL connection) for as
+     * long as its work runs, and a charge that hangs would hold it for every other request.
      */
-    async function step(name, work, { database: inDatabase = false } = {}) {
-      let ran = false;
-      const run = (tx) => {
-        ran = true;
-        return work(tx);
-      };
-      const result = await (phases && inDatabase
-        ? idem.phase(name, run)
-        : idem.step(name, () => run(undefined)));
-      // Only where the step ran and was saved: its replay after the crash goes on.
-      if (ran && crashPoint === name) process.kill(process.pid, 'SIGKILL');
-      return result;
-    }
+    const step = (name, work, { database: inDatabase = false } = {}) =>
+      phases && inDatabase ? idem.phase(name, work) : idem.step(name, () => work(undefined));
     try {
       if (!(await database.memberExists(fine.member))) {
         return send(res, 422, {

@@ -11,35 +11,53 @@ import { type DatabaseUnderTest, describeOrmConformance, type OrmUnderTest } fro
 export type SqliteOrmUnderTest<Tx> = OrmUnderTest<Tx>;
 
 /**
+ * The suite's own connection to the file, beside the ORM's. It must be of the ORM's SQLite library:
+ * two copies of SQLite in one process do not see each other's locks, so the last connection of
+ * one to close deletes the WAL the other still writes to (node-sqlite3's, under Sequelize, took
+ * a table the better-sqlite3 admin had just made with it).
+ */
+export interface SqliteAdmin {
+  exec(sql: string): Promise<void>;
+  count(table: string): Promise<number>;
+  close(): Promise<void>;
+}
+
+/** The admin connection on better-sqlite3, the library of every SQLite ORM here but Sequelize's. */
+const betterSqliteAdmin = async (url: string): Promise<SqliteAdmin> => {
+  const db = new Database(url);
+  return {
+    exec: async (sql) => void db.exec(sql),
+    count: async (table) => (db.prepare(`SELECT count(*) AS n FROM ${table}`).get() as { n: number }).n,
+    close: async () => void db.close(),
+  };
+};
+
+/**
  * SQLite under test: each place is a file of its own in WAL mode (the ORM's connection writes
  * while the admin connection counts), its URL the file's path.
  */
-const sqlite: DatabaseUnderTest = {
+const sqliteDatabase = (openAdmin: (url: string) => Promise<SqliteAdmin>): DatabaseUnderTest => ({
   suffix: ' on SQLite',
   migrateUpFront: false,
   async fresh() {
     const dir = mkdtempSync(join(tmpdir(), 'retrysafe-orm-sqlite-'));
     const url = join(dir, 'test.db');
-    const admin = new Database(url);
-    admin.pragma('journal_mode = WAL');
+    const admin = await openAdmin(url);
+    await admin.exec('PRAGMA journal_mode = WAL');
     return {
       url,
       options: {},
       missing: { table: 'none_here' },
       table: (name) => name,
-      async createTable(name) {
-        admin.exec(`CREATE TABLE ${name} (id INTEGER PRIMARY KEY)`);
-      },
-      async count(name) {
-        return (admin.prepare(`SELECT count(*) AS n FROM ${name}`).get() as { n: number }).n;
-      },
+      createTable: (name) => admin.exec(`CREATE TABLE ${name} (id INTEGER PRIMARY KEY)`),
+      count: (name) => admin.count(name),
       async drop() {
-        admin.close();
+        await admin.close();
         rmSync(dir, { recursive: true, force: true });
       },
     };
   },
-};
+});
 
 /**
  * An ORM binding's check on SQLite: the ORM conformance suite (`describeOrmConformance`) and
@@ -53,8 +71,10 @@ export function describeSqliteOrmStore<Tx>(
   open: (url: string) => Promise<SqliteOrmUnderTest<Tx>>,
   /** Runs raw SQL on `tx` through the ORM (a careless handler's `COMMIT; BEGIN`). */
   raw: (tx: Tx, sql: string) => Promise<unknown>,
+  /** The suite's own connection, on the ORM's SQLite library (better-sqlite3 unless given). */
+  openAdmin: (url: string) => Promise<SqliteAdmin> = betterSqliteAdmin,
 ): void {
-  describeOrmConformance(name, sqlite, open, (context) => {
+  describeOrmConformance(name, sqliteDatabase(openAdmin), open, (context) => {
     const { rows, answer } = context;
 
     it('speaks the SQLite dialect; `schema` is refused', () => {

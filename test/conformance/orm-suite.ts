@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isTransactionEnded, type StoredResponse } from '../../src/core/contract/index.js';
 import type { SqlStore, SqlStoreOptions } from '../../src/stores/sql/store.js';
+import { describeIdempotentConformance } from '../../src/testing/idempotent-suite.js';
+import { describeStoreConformance, type StoreUnderTest } from '../../src/testing/store-suite.js';
 import { claimInput, textResponse } from '../support/store-calls.js';
-import { describeIdempotentConformance } from './idempotent-suite.js';
-import { describeStoreConformance, type StoreUnderTest } from './store-suite.js';
 
 /** An ORM on a database of the test server, as its retrysafe binding uses it. */
 export interface OrmUnderTest<Tx> {

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { ConfigError, type IdempotencyStore } from '../../src/core/contract/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import type { RunningApp } from '../conformance/adapter-suite.js';
+import type { RunningApp } from '../../src/testing/adapter-suite.js';
 
 /**
  * An adapter's own tests, beside the conformance suite: one memory store for the block, the apps

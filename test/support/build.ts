@@ -31,21 +31,33 @@ function staleOutputs(): string[] {
 }
 
 /**
- * The Prisma quick start's generated client (examples/orm/prisma/generated, not committed), made as
- * `npm run build` makes it, when missing or older than its schema: the Prisma tests import it, and
- * generating it here, once, keeps two suites from generating it over one another.
+ * The Prisma clients the tests import, none committed: the quick start's
+ * (examples/orm/prisma/generated, made as `npm run build` makes it) and the tests' MySQL and SQLite
+ * ones (test/fixtures/prisma/<provider>/generated), each made when missing or older than its
+ * schema. Generating them here, once, keeps two suites from generating them over one another.
  */
-function generatePrismaClient(): void {
-  const dir = join(root, 'examples/orm/prisma');
-  try {
-    if (statSync(join(dir, 'generated/client.js')).mtimeMs > statSync(join(dir, 'schema.prisma')).mtimeMs)
-      return;
-  } catch {}
-  execFileSync(process.execPath, [join(dir, 'generate.js')], { cwd: root, stdio: 'inherit' });
+function generatePrismaClients(): void {
+  const schemas = ['examples/orm/prisma', 'test/fixtures/prisma/mysql', 'test/fixtures/prisma/sqlite']
+    .map((dir) => join(root, dir))
+    .filter((dir) => {
+      try {
+        return (
+          statSync(join(dir, 'generated/client.js')).mtimeMs <= statSync(join(dir, 'schema.prisma')).mtimeMs
+        );
+      } catch {
+        return true;
+      }
+    })
+    .map((dir) => join(dir, 'schema.prisma'));
+  if (schemas.length === 0) return;
+  execFileSync(process.execPath, [join(root, 'examples/orm/prisma/generate.js'), ...schemas], {
+    cwd: root,
+    stdio: 'inherit',
+  });
 }
 
 export default function buildDist(): void {
-  generatePrismaClient();
+  generatePrismaClients();
   if (staleOutputs().length === 0) return;
   const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
   let output = '';

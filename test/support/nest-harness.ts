@@ -30,7 +30,7 @@ import {
   RetrysafeModule,
 } from '../../src/adapters/nestjs.js';
 import type { IdempotencyContext } from '../../src/core/index.js';
-import { type AdapterUnderTest, paced, plan, type RunningApp } from '../conformance/adapter-suite.js';
+import { type AdapterUnderTest, paced, plan, type RunningApp } from '../../src/testing/adapter-suite.js';
 
 /**
  * Nest apps for the adapter tests, written without decorator syntax (the project compiles

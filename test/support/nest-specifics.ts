@@ -23,7 +23,7 @@ import { IdempotencyCtx, Idempotent, type NestRequest, RetrysafeModule } from '.
 import type { IdempotencyStore } from '../../src/core/contract/index.js';
 import type { IdempotencyContext } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
-import { describeAdapterConformance } from '../conformance/adapter-suite.js';
+import { describeAdapterConformance } from '../../src/testing/adapter-suite.js';
 import {
   controller,
   nestAdapter,

@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
-import type { StoreUnderTest } from '../conformance/store-suite.js';
+import type { StoreUnderTest } from '../../src/testing/store-suite.js';
 import { PG_URL, uniqueName } from './services.js';
 
 /**

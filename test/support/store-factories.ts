@@ -1,12 +1,12 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { IdempotencyStore } from '../../src/core/contract/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
 import { mysqlStore } from '../../src/stores/mysql/index.js';
 import { type PostgresStoreOptions, postgresStore } from '../../src/stores/postgres/index.js';
 import { redisStore } from '../../src/stores/redis/index.js';
 import { sqliteStore } from '../../src/stores/sqlite/index.js';
+import type { StoreFactory } from '../../src/testing/adapter-suite.js';
 import { hasPgBouncer, startPgBouncer } from './pgbouncer.js';
 import {
   deleteRedisKeys,
@@ -20,19 +20,7 @@ import {
   uniqueName,
 } from './services.js';
 
-/**
- * A store to run tests against, one of each kind below: `open` makes a new one on data of its
- * own (a temp file, a schema, a database, a key prefix), which `cleanup` removes after the caller
- * closed the store.
- */
-export interface StoreFactory {
-  name: string;
-  /** The store implements `atomic`: the atomic-mode scenarios run too. */
-  atomic?: boolean;
-  /** `false` when the store's database is unreachable here: the block is skipped, loudly (services.ts). */
-  available?: boolean;
-  open(): Promise<{ store: IdempotencyStore; cleanup?: () => Promise<void> }>;
-}
+export type { StoreFactory };
 
 export const memory: StoreFactory = { name: 'memory', open: async () => ({ store: memoryStore() }) };
 

@@ -23,13 +23,13 @@ const TABLES = [
     claim varbinary(32),
     done_at_ms bigint,
     KEY receipt_job_pending (done_at_ms, loan_id),
-    FOREIGN KEY (loan_id) REFERENCES loan (id))`,
+    FOREIGN KEY (loan_id) REFERENCES loan (id) ON DELETE CASCADE)`,
   `CREATE TABLE IF NOT EXISTS receipt (
     id int AUTO_INCREMENT PRIMARY KEY,
     loan_id int NOT NULL,
     body json NOT NULL,
     lease_key varbinary(255) UNIQUE,
-    FOREIGN KEY (loan_id) REFERENCES loan (id))`,
+    FOREIGN KEY (loan_id) REFERENCES loan (id) ON DELETE CASCADE)`,
   // The desk's own secrets, made once (see `secret`).
   'CREATE TABLE IF NOT EXISTS desk_secret (name varchar(64) PRIMARY KEY, value text NOT NULL)',
 ];
@@ -64,6 +64,17 @@ export async function openMysql({ url, setup }) {
     try {
       await connection.query("SELECT GET_LOCK('library_loans_setup', 30)");
       for (const statement of TABLES) await connection.query(statement);
+      // A database made before a loan's receipt job and receipt went with it.
+      const [stale] = await connection.query(
+        `SELECT TABLE_NAME AS tableName, CONSTRAINT_NAME AS name FROM information_schema.REFERENTIAL_CONSTRAINTS
+         WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME IN ('receipt_job', 'receipt')
+           AND REFERENCED_TABLE_NAME = 'loan' AND DELETE_RULE <> 'CASCADE'`,
+      );
+      for (const { tableName, name } of stale) {
+        await connection.query(
+          `ALTER TABLE ${tableName} DROP FOREIGN KEY \`${name}\`, ADD FOREIGN KEY (loan_id) REFERENCES loan (id) ON DELETE CASCADE`,
+        );
+      }
       await connection.query('INSERT IGNORE INTO book (isbn, title, author) VALUES ?', [
         BOOKS.map((b) => [b.isbn, b.title, b.author]),
       ]);
@@ -77,6 +88,22 @@ export async function openMysql({ url, setup }) {
   }
 
   const rows = async (sql, values) => (await pool.query(sql, values))[0];
+  /** Runs `work(connection)` in a transaction of its own: committed if it returns, rolled back if it throws. */
+  async function inTransaction(work) {
+    const connection = await pool.getConnection();
+    let result;
+    try {
+      await connection.beginTransaction();
+      result = await work(connection);
+      await connection.commit();
+    } catch (error) {
+      await connection.rollback().catch(() => {});
+      throw error;
+    } finally {
+      connection.release();
+    }
+    return result;
+  }
 
   /** See postgres.js: an intent holds its loan for `intentTtlMs`, then names a new one. */
   async function lend(on, loan, { intent, intentTtlMs = DEFAULT_INTENT_TTL_MS }) {
@@ -129,21 +156,10 @@ export async function openMysql({ url, setup }) {
   return {
     store,
     /** A new loan and its receipt job commit together: on `tx` when given, else in a transaction of their own. */
-    async createLoan(loan, options = {}) {
-      if (options.tx) return lend(options.tx, loan, options);
-      const connection = await pool.getConnection();
-      try {
-        await connection.beginTransaction();
-        const lent = await lend(connection, loan, options);
-        await connection.commit();
-        return lent;
-      } catch (error) {
-        await connection.rollback().catch(() => {});
-        throw error;
-      } finally {
-        connection.release();
-      }
-    },
+    createLoan: (loan, options = {}) =>
+      options.tx
+        ? lend(options.tx, loan, options)
+        : inTransaction((connection) => lend(connection, loan, options)),
     listLoans: () => rows(`SELECT ${LOAN_COLUMNS} FROM loan ORDER BY id`),
     getLoan: async (id) => (await rows(`SELECT ${LOAN_COLUMNS} FROM loan WHERE id = ?`, [id]))[0],
     /**
@@ -157,10 +173,40 @@ export async function openMysql({ url, setup }) {
          WHERE done_at_ms IS NULL AND claimed_until_ms <= ${NOW_MS} ORDER BY loan_id LIMIT ?`,
         [leaseMs, claim, limit],
       );
-      return rows('SELECT loan_id AS loanId, attempts AS delivery FROM receipt_job WHERE claim = ?', [claim]);
+      return rows(
+        `SELECT j.loan_id AS loanId, j.attempts AS delivery, l.member, l.isbn, l.issuedAt
+         FROM receipt_job j JOIN loan l ON l.id = j.loan_id WHERE j.claim = ?`,
+        [claim],
+      );
     },
-    finishReceiptJob: (loanId) =>
-      pool.query(`UPDATE receipt_job SET done_at_ms = ${NOW_MS} WHERE loan_id = ?`, [loanId]),
+    receiptJobsWaiting: async () =>
+      (
+        await rows(
+          `SELECT 1 FROM receipt_job WHERE done_at_ms IS NULL AND claimed_until_ms <= ${NOW_MS} LIMIT 1`,
+        )
+      ).length === 1,
+    /** As in sqlite.js; the jobs still unsent are locked first, so a concurrent delivery waits, then finds them sent. */
+    recordReceipts: (receipts) =>
+      inTransaction(async (connection) => {
+        const [unsent] = await connection.query(
+          'SELECT loan_id FROM receipt_job WHERE loan_id IN (?) AND done_at_ms IS NULL FOR UPDATE',
+          [receipts.map((receipt) => receipt.loanId)],
+        );
+        const written = new Set(unsent.map((row) => row.loan_id));
+        if (written.size > 0) {
+          await connection.query(`UPDATE receipt_job SET done_at_ms = ${NOW_MS} WHERE loan_id IN (?)`, [
+            [...written],
+          ]);
+          await connection.query('INSERT INTO receipt (loan_id, body) VALUES ?', [
+            receipts
+              .filter((receipt) => written.has(receipt.loanId))
+              .map((receipt) => [receipt.loanId, JSON.stringify(receipt)]),
+          ]);
+        }
+        return written;
+      }),
+    finishReceiptJobs: (loanIds) =>
+      pool.query(`UPDATE receipt_job SET done_at_ms = ${NOW_MS} WHERE loan_id IN (?)`, [loanIds]),
     recordReceipt: (receipt, { tx, leaseKey = null }) =>
       (tx ?? pool).query('INSERT IGNORE INTO receipt (loan_id, body, lease_key) VALUES (?, ?, ?)', [
         receipt.loanId,

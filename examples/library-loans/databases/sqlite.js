@@ -23,7 +23,7 @@ const SCHEMA = `
     intent TEXT UNIQUE
   );
   CREATE TABLE IF NOT EXISTS receipt_job (
-    loan_id INTEGER PRIMARY KEY REFERENCES loan (id),
+    loan_id INTEGER PRIMARY KEY REFERENCES loan (id) ON DELETE CASCADE,
     attempts INTEGER NOT NULL DEFAULT 0,
     claimed_until_ms INTEGER NOT NULL DEFAULT 0,
     done_at_ms INTEGER
@@ -32,7 +32,7 @@ const SCHEMA = `
   CREATE INDEX IF NOT EXISTS receipt_job_pending ON receipt_job (loan_id) WHERE done_at_ms IS NULL;
   CREATE TABLE IF NOT EXISTS receipt (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    loan_id INTEGER NOT NULL REFERENCES loan (id),
+    loan_id INTEGER NOT NULL REFERENCES loan (id) ON DELETE CASCADE,
     body TEXT NOT NULL,
     lease_key TEXT UNIQUE
   );`;
@@ -94,7 +94,21 @@ async function openTables(store, reader, { setup, now }) {
   if (setup) {
     await store.migrate();
     await store.transaction(() => {
+      // A database made before its receipts' rows went with their loan: SQLite cannot alter a
+      // foreign key, so those tables are made again and their rows copied over.
+      const stale = ['receipt_job', 'receipt'].filter((table) =>
+        db
+          .prepare(
+            `SELECT 1 FROM pragma_foreign_key_list(?) WHERE "table" = 'loan' AND on_delete <> 'CASCADE'`,
+          )
+          .get(table),
+      );
+      for (const table of stale) {
+        db.exec(`DROP INDEX IF EXISTS receipt_job_pending; ALTER TABLE ${table} RENAME TO ${table}_old`);
+      }
       db.exec(SCHEMA);
+      for (const table of stale)
+        db.exec(`INSERT INTO ${table} SELECT * FROM ${table}_old; DROP TABLE ${table}_old`);
       const columns = db
         .prepare('SELECT name FROM pragma_table_info(?)')
         .all('loan')
@@ -137,7 +151,13 @@ async function openTables(store, reader, { setup, now }) {
                        WHERE done_at_ms IS NULL AND claimed_until_ms <= @now ORDER BY loan_id LIMIT @limit)
      RETURNING loan_id AS loanId, attempts AS delivery`,
   );
-  const finishReceipt = db.prepare('UPDATE receipt_job SET done_at_ms = ? WHERE loan_id = ?');
+  const claimedLoan = db.prepare('SELECT member, isbn, issuedAt FROM loan WHERE id = ?');
+  const finishReceipt = db.prepare(
+    'UPDATE receipt_job SET done_at_ms = ? WHERE loan_id = ? AND done_at_ms IS NULL',
+  );
+  const receiptsWaiting = reader.prepare(
+    'SELECT 1 AS found FROM receipt_job WHERE done_at_ms IS NULL AND claimed_until_ms <= ? LIMIT 1',
+  );
   const insertReceipt = db.prepare(
     'INSERT INTO receipt (loan_id, body, lease_key) VALUES (@loanId, @body, @leaseKey) ON CONFLICT (lease_key) DO NOTHING',
   );
@@ -216,11 +236,37 @@ async function openTables(store, reader, { setup, now }) {
     },
     /**
      * The receipts' outbox (see receipts.js): claims up to `limit` unsent jobs for `leaseMs` (a
-     * job whose claimer died is claimed again once that passed), each with its delivery number.
+     * job whose claimer died is claimed again once that passed), each with its delivery number
+     * and its loan.
      */
     claimReceiptJobs: (limit, leaseMs) =>
-      store.transaction(() => claimReceipts.all({ now: clock(), until: clock() + leaseMs, limit })),
-    finishReceiptJob: (loanId) => store.transaction(() => finishReceipt.run(clock(), loanId)),
+      store.transaction(() =>
+        claimReceipts
+          .all({ now: clock(), until: clock() + leaseMs, limit })
+          .map((job) => ({ ...job, ...claimedLoan.get(job.loanId) })),
+      ),
+    /** Whether a job waits unclaimed: a read, so a quiet outbox never takes the write lock. */
+    receiptJobsWaiting: async () => receiptsWaiting.get(clock()) !== undefined,
+    /**
+     * Sends the outbox's `receipts` in one transaction: each is written only if its job is still
+     * unsent, and its job is marked sent with it. Answers the loan ids written; another delivery
+     * sent the rest, or their loan was deleted (its job with it).
+     */
+    recordReceipts: (receipts) =>
+      store.transaction(() => {
+        const written = new Set();
+        for (const receipt of receipts) {
+          if (finishReceipt.run(clock(), receipt.loanId).changes === 0) continue;
+          insertReceipt.run({ loanId: receipt.loanId, body: JSON.stringify(receipt), leaseKey: null });
+          written.add(receipt.loanId);
+        }
+        return written;
+      }),
+    /** Marks the jobs of `loanIds` done: BullMQ holds them now (receipts.js). */
+    finishReceiptJobs: (loanIds) =>
+      store.transaction(() => {
+        for (const loanId of loanIds) finishReceipt.run(clock(), loanId);
+      }),
     /** Writes a receipt on `tx` (atomic mode); `leaseKey` (lease mode) lets a second write do nothing. */
     recordReceipt: (receipt, { tx, leaseKey = null }) => {
       const write = () =>

@@ -1,6 +1,7 @@
 // Generates this example's Prisma client into ./generated and compiles it to JavaScript, with no
 // download: `node examples/orm/prisma/generate.js` (`npm run build` runs it; app.js runs it when
-// ./generated is missing).
+// ./generated is missing). Given the paths of other schemas, it generates theirs instead, each into
+// the `generated` folder beside its schema (the tests' MySQL and SQLite clients).
 //
 // Prisma 7's `prisma-client` generator needs no engine: the schema is read by a WebAssembly module
 // inside the `prisma` package, and queries are compiled by one inside `@prisma/client`. But the
@@ -25,26 +26,25 @@ const installed = fs.readdirSync(engines).some((name) => name.startsWith('schema
 const env = { ...process.env, CHECKPOINT_DISABLE: '1', PRISMA_HIDE_UPDATE_MESSAGE: '1' };
 if (!installed) env.PRISMA_SCHEMA_ENGINE_BINARY ??= fileURLToPath(import.meta.url);
 
-const output = path.join(here, 'generated');
-fs.rmSync(output, { recursive: true, force: true });
-const generated = spawnSync(
-  process.execPath,
-  [cli, 'generate', '--schema', path.join(here, 'schema.prisma')],
-  {
+const schemas = process.argv.length > 2 ? process.argv.slice(2) : [path.join(here, 'schema.prisma')];
+for (const schema of schemas) {
+  const output = path.join(path.dirname(path.resolve(schema)), 'generated');
+  fs.rmSync(output, { recursive: true, force: true });
+  const generated = spawnSync(process.execPath, [cli, 'generate', '--schema', schema], {
     env,
     stdio: 'inherit',
-  },
-);
-if (generated.status !== 0) throw new Error(`prisma generate failed (exit ${generated.status})`);
-
-// The generator writes TypeScript only; Node 20 cannot run it, so each file is compiled on its own
-// (the generated code opts out of type checking with @ts-nocheck).
-for (const entry of fs.readdirSync(output, { recursive: true })) {
-  const file = path.join(output, String(entry));
-  if (!file.endsWith('.ts') || file.endsWith('.d.ts')) continue;
-  const { outputText } = ts.transpileModule(fs.readFileSync(file, 'utf8'), {
-    fileName: file,
-    compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext },
   });
-  fs.writeFileSync(file.replace(/\.ts$/, '.js'), outputText);
+  if (generated.status !== 0) throw new Error(`prisma generate failed (exit ${generated.status})`);
+
+  // The generator writes TypeScript only; Node 20 cannot run it, so each file is compiled on its
+  // own (the generated code opts out of type checking with @ts-nocheck).
+  for (const entry of fs.readdirSync(output, { recursive: true })) {
+    const file = path.join(output, String(entry));
+    if (!file.endsWith('.ts') || file.endsWith('.d.ts')) continue;
+    const { outputText } = ts.transpileModule(fs.readFileSync(file, 'utf8'), {
+      fileName: file,
+      compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext },
+    });
+    fs.writeFileSync(file.replace(/\.ts$/, '.js'), outputText);
+  }
 }

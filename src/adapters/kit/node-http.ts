@@ -250,6 +250,9 @@ class Held {
   readonly write: ServerResponse['write'];
   readonly end: ServerResponse['end'];
 
+  /** A stream piped into the response stopped before ending it (see {@link heldGone}). */
+  abandoned = false;
+
   constructor(
     res: HoldingResponse,
     readonly collector: ResponseCollector,
@@ -262,6 +265,8 @@ class Held {
     res.writeHead = heldWriteHead as ServerResponse['writeHead'];
     res.write = heldWrite as ServerResponse['write'];
     res.end = heldEnd as ServerResponse['end'];
+    res.on('close', heldGone);
+    res.on('unpipe', heldUnpiped);
     // flushHeaders is left alone: it writes the head through writeHead, which holds it, and then
     // sends nothing. One property fewer: on an Express response each one added costs microseconds.
   }
@@ -270,6 +275,8 @@ class Held {
     res.writeHead = this.writeHead;
     res.write = this.write;
     res.end = this.end;
+    res.off('close', heldGone);
+    res.off('unpipe', heldUnpiped);
     holding.delete(res);
   }
 
@@ -329,6 +336,29 @@ function heldEnd(
   else if (held.collector.state === 'stream') (held.end as () => ServerResponse).call(this);
   held.resolve(held.collector.response(this.statusCode, (name) => this.getHeader(name)));
   return this;
+}
+
+function heldUnpiped(this: HoldingResponse): void {
+  (holding.get(this) as Held).abandoned = true;
+  heldGone.call(this);
+}
+
+/**
+ * The connection closed before the response ended. A body piped into it (`stream.pipe(res)`,
+ * `pipeline`, Nest's StreamableFile, Fastify's stream payloads) is unpiped or destroyed then and
+ * never ends it, and a body already streaming past `maxResponseBytes` cannot be saved any more:
+ * either way the capture settles now, as a response not all kept, so the key is released instead
+ * of being renewed for ever. A handler still at work (nothing piped) is waited for: its answer is
+ * saved for the client's retry, which must not run it a second time meanwhile.
+ */
+function heldGone(this: HoldingResponse): void {
+  const held = holding.get(this) as Held;
+  if (!this.destroyed || (held.collector.state !== 'stream' && !held.abandoned)) return;
+  held.restore(this);
+  held.resolve({
+    ...held.collector.response(this.statusCode, (name) => this.getHeader(name)),
+    complete: false,
+  });
 }
 
 /**

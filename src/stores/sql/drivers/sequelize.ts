@@ -2,13 +2,20 @@ import type { Sequelize, Transaction } from 'sequelize';
 import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+import { oneAtATime } from './one-at-a-time.js';
 import { mysqlResultOf, pgResultOf } from './results.js';
+import { statementKind } from './statement-kind.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
-/** The client connection Sequelize hands out: node-postgres' `Client`, or a mysql2 (callback) connection. */
+/**
+ * The client connection Sequelize hands out: node-postgres' `Client`, a mysql2 (callback)
+ * connection, or a node-sqlite3 `Database` (`all` answers rows, `run` a count as `this.changes`).
+ */
 interface Connection {
   query(sql: string, values: unknown[], callback?: (error: unknown, result: unknown) => void): unknown;
+  all(sql: string, values: unknown[], callback: (error: unknown, rows: unknown[]) => void): unknown;
+  run(sql: string, values: unknown[], callback: (this: { changes: number }, error: unknown) => void): unknown;
 }
 
 /** What Sequelize 6 keeps on a transaction without typing it. */
@@ -20,12 +27,13 @@ interface OpenTransaction {
 }
 
 /**
- * Sequelize's dialects the driver speaks to, by their client: node-postgres, and mysql2 (for
- * MySQL and MariaDB alike; Sequelize's `mariadb` dialect runs on the `mariadb` client instead).
+ * Sequelize's dialects the driver speaks to, by their client: node-postgres, mysql2 (for MySQL and
+ * MariaDB alike; Sequelize's `mariadb` dialect runs on the `mariadb` client instead), and
+ * node-sqlite3 (the `sqlite3` package).
  */
-const DIALECTS: Record<string, SqlDialect> = { postgres: 'postgres', mysql: 'mysql' };
+const DIALECTS: Record<string, SqlDialect> = { postgres: 'postgres', mysql: 'mysql', sqlite: 'sqlite' };
 
-/** Bytes as node-postgres and mysql2 take them: a `Buffer` (mysql2 would write a bare `Uint8Array` as an object). */
+/** Bytes as node-postgres, mysql2 and node-sqlite3 take them: a `Buffer` (mysql2 would write a bare `Uint8Array` as an object). */
 const asDriverValue = (value: unknown) =>
   value instanceof Uint8Array && !Buffer.isBuffer(value)
     ? Buffer.from(value.buffer, value.byteOffset, value.byteLength)
@@ -42,6 +50,23 @@ function runOn<Row>(
   if (dialect === 'postgres') {
     return (connection.query(sql, values) as Promise<unknown>).then((result) => pgResultOf<Row>(result));
   }
+  if (dialect === 'sqlite') {
+    const kind = statementKind(sql);
+    return new Promise((resolve, reject) => {
+      if (kind === 'count') {
+        connection.run(sql, values, function (error) {
+          error ? reject(error) : resolve({ rows: [], affected: this.changes });
+        });
+        return;
+      }
+      // A RETURNING answers one row per row changed.
+      connection.all(sql, values, (error, rows) =>
+        error
+          ? reject(error)
+          : resolve({ rows: rows as Row[], affected: kind === 'returning' ? rows.length : 0 }),
+      );
+    });
+  }
   return new Promise((resolve, reject) => {
     connection.query(sql, values, (error, result) =>
       error ? reject(error) : resolve(mysqlResultOf<Row>([result])),
@@ -50,8 +75,8 @@ function runOn<Row>(
 }
 
 /**
- * A SQL driver over a Sequelize 6 instance (`postgres`; `mysql`, on mysql2, for MySQL or MariaDB): an
- * operation's transaction is a managed `sequelize.transaction()`, whose `Transaction` the handler
+ * A SQL driver over a Sequelize 6 instance (`postgres`; `mysql`, on mysql2, for MySQL or MariaDB;
+ * `sqlite`, on the `sqlite3` package): an operation's transaction is a managed `sequelize.transaction()`, whose `Transaction` the handler
  * gets as `ctx.tx` and passes as `{ transaction: ctx.tx }`; a
  * `sequelize.transaction({ transaction: ctx.tx }, …)` it opens nests as a savepoint, the Sequelize
  * way. retrysafe's statements run on the client connection the transaction holds (or one of the
@@ -66,10 +91,18 @@ export function sequelizeDriver(sequelize: Sequelize): SqlDriver<Transaction> {
   const dialect = name !== undefined && Object.hasOwn(DIALECTS, name) ? DIALECTS[name] : undefined;
   if (!dialect) {
     throw new ConfigError(
-      `sequelizeStore: give a Sequelize 6 instance of dialect postgres or mysql (mysql2, for MariaDB too)${name ? `; this one's dialect is ${name}` : ''}`,
+      `sequelizeStore: give a Sequelize 6 instance of dialect postgres, mysql (mysql2, for MariaDB too) or sqlite${name ? `; this one's dialect is ${name}` : ''}`,
     );
   }
   const { connectionManager } = sequelize;
+  // On SQLite, Sequelize opens a connection per transaction (and one for the rest), each
+  // contending for the one writer within node-sqlite3's 1 s busy timeout (and Sequelize's 5
+  // retries of a busy BEGIN): taken in turns, none waits on another's lock, and a
+  // transaction takes the write lock as it begins (IMMEDIATE) so that one in another process
+  // waits for it there rather than failing busy on its first write.
+  const sqlite = dialect === 'sqlite';
+  const inTurn = sqlite ? oneAtATime(sequelize) : <T>(fn: () => Promise<T>) => fn();
+  const transactionOptions = sqlite ? { type: 'IMMEDIATE' as Transaction.TYPES } : {};
 
   /** One statement on a pool connection of its own, outside any transaction (autocommit). */
   async function query<Row>(sql: string, params: readonly unknown[]): Promise<SqlResult<Row>> {
@@ -87,8 +120,8 @@ export function sequelizeDriver(sequelize: Sequelize): SqlDriver<Transaction> {
   return {
     dialect,
     name: 'sequelize',
-    query,
-    transaction: (work) => sequelize.transaction((tx) => work(tx)),
+    query: (sql, params) => inTurn(() => query(sql, params)),
+    transaction: (work) => inTurn(() => sequelize.transaction(transactionOptions, (tx) => work(tx))),
     queryIn(tx, sql, params) {
       const open = tx as unknown as OpenTransaction;
       // A transaction the handler ended through Sequelize (`tx.commit()`, `tx.rollback()`) gave
@@ -103,7 +136,7 @@ export function sequelizeDriver(sequelize: Sequelize): SqlDriver<Transaction> {
 }
 
 /**
- * A retrysafe store on the PostgreSQL, MySQL or MariaDB database a Sequelize 6 instance writes to.
+ * A retrysafe store on the PostgreSQL, MySQL, MariaDB or SQLite database a Sequelize 6 instance writes to.
  * In atomic mode a handler's `ctx.tx` is the Sequelize `Transaction` holding the key: the key, the
  * handler's writes with `{ transaction: ctx.tx }` and the saved answer commit together, and
  * `sequelize.transaction({ transaction: ctx.tx }, …)` is a savepoint inside it.

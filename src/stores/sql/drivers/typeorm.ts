@@ -1,8 +1,8 @@
-import { AsyncLocalStorage } from 'node:async_hooks';
 import type { DataSource, EntityManager, QueryRunner } from 'typeorm';
 import { ConfigError } from '../../../core/contract/index.js';
 import { databaseErrorCode, type SqlDialect, type SqlDriver, type SqlResult } from '../driver.js';
 import { type SqlStore, type SqlStoreOptions, sqlStore } from '../store.js';
+import { oneAtATime } from './one-at-a-time.js';
 
 export type { SqlStore, SqlStoreOptions } from '../store.js';
 
@@ -92,27 +92,6 @@ function forgetEndedTransaction(dataSource: DataSource): void {
     runner.isTransactionActive = false;
     runner.transactionDepth = 0;
   }
-}
-
-/** The turns of each SQLite DataSource's statements and transactions, shared by its stores. */
-const turns = new WeakMap<DataSource, { tail: Promise<unknown>; inside: AsyncLocalStorage<true> }>();
-
-/**
- * Runs the driver's calls on a SQLite `DataSource` one at a time. TypeORM runs every statement of
- * one on a single shared query runner (one connection) and does not queue transactions: a second
- * `transaction()` would open a savepoint inside the first, and an autocommit statement would join
- * it. A call made inside a turn (within a transaction's work) runs at once, in that transaction.
- */
-function oneAtATime(dataSource: DataSource) {
-  const turn = turns.get(dataSource) ?? { tail: Promise.resolve(), inside: new AsyncLocalStorage<true>() };
-  turns.set(dataSource, turn);
-  const { inside } = turn;
-  return <T>(fn: () => Promise<T>): Promise<T> => {
-    if (inside.getStore()) return fn();
-    const result = turn.tail.then(() => inside.run(true, fn));
-    turn.tail = result.catch(() => {});
-    return result;
-  };
 }
 
 /**

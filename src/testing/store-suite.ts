@@ -17,9 +17,9 @@ import {
   type PhaseStore,
   type SavedStep,
   type StoredResponse,
-} from '../../src/core/contract/index.js';
-import { expectWaitWokenBy } from '../support/store-calls.js';
+} from '../core/contract/index.js';
 import { describeLeaseRenewal } from './lease-suite.js';
+import { expectWaitWokenBy } from './wait.js';
 
 /**
  * The application's own writes, as seen by the atomic-mode tests: the suite cannot know an app's
@@ -37,6 +37,7 @@ export interface AtomicProbe<Tx = any> {
   commit?(tx: Tx): Promise<void> | void;
 }
 
+/** What a store's `setup` gives {@link describeStoreConformance}: the store and how to test it. */
 export interface StoreUnderTest {
   store: IdempotencyStore;
   /** Runs after the suite has called `store.close()`: drop the schema, delete the keys, remove the file. */
@@ -833,6 +834,35 @@ export function describeStoreConformance(name: string, setup: () => Promise<Stor
         ]);
         expect(mine[0]!.leaseUntilMs).toBeLessThanOrEqual(Date.now() + 1000);
         await expect(store.abandoned({ limit: 0 })).rejects.toThrow(/limit/);
+      });
+
+      it('an owner letting go by ending its lease (renew to 1 ms) keeps the finished steps for the takeover', async () => {
+        // How the engine releases an operation with finished steps: a release would delete them.
+        const input = fresh();
+        const token = await acquire(input);
+        expect(await store.saveStep(input.scope, input.key, token, step('recorded'), 'request')).toBe(true);
+        expect(await store.renew(input.scope, input.key, token, 1)).toBe(true);
+        const taken = await takeOver(input);
+        expect(taken.steps).toEqual([step('recorded')]);
+        expect((await store.get(input.scope, input.key))?.steps).toEqual(['recorded']);
+      });
+
+      it('abandoned hands out the operation holding the key now, not one released before it', async () => {
+        const input = fresh('fp-a', { leaseMs: SHORT_MS, retainMs: 60_000 });
+        const first = await acquire(input);
+        expect(await store.saveStep(input.scope, input.key, first, step('recorded'), 'request-a')).toBe(true);
+        expect(await store.release(input.scope, input.key, first)).toBe(true);
+        const second = await acquire(withFingerprint(input, 'fp-b'));
+        expect(await store.saveStep(input.scope, input.key, second, step('recorded'), 'request-b')).toBe(
+          true,
+        );
+        await sleep(SHORT_MS * 2);
+        const mine = (await store.abandoned({ limit: MAX_LIST_LIMIT })).filter(
+          (record) => record.scope === input.scope,
+        );
+        expect(mine.map(({ key, fingerprint, request }) => ({ key, fingerprint, request }))).toEqual([
+          { key: input.key, fingerprint: 'fp-b', request: 'request-b' },
+        ]);
       });
 
       describe('phases (SQL stores)', () => {

@@ -8,8 +8,8 @@ import {
   type IdempotentOptions,
   idempotent,
   isAtomicStore,
-} from '../../src/core/index.js';
-import { signal } from '../support/signal.js';
+} from '../core/index.js';
+import { signal } from './signal.js';
 import { type AtomicProbe, type StoreUnderTest, useStoreUnderTest } from './store-suite.js';
 
 /** The code of what `promise` rejected with (it must reject). */

@@ -1,14 +1,14 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import type { IdempotencyEvent, IdempotencyStore } from '../../src/core/contract/index.js';
+import type { IdempotencyEvent, IdempotencyStore } from '../core/contract/index.js';
 import {
   type CapturedResponse,
   createIdempotency,
   type IdempotencyOptions,
   type Outcome,
-} from '../../src/core/index.js';
-import { postRequest } from '../support/engine-request.js';
+} from '../core/index.js';
+import { postRequest } from './engine-request.js';
 
 /** The store with `renew` answering false: its renewals are lost, as when the store was unreachable. */
 function losingRenewals(store: IdempotencyStore): IdempotencyStore {
