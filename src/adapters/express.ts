@@ -13,11 +13,18 @@ import {
   capture,
   clearForAnswer,
   keyHeaderOf,
+  type NodeListener,
+  nodeDispatch,
+  RESUME_HEADER,
   type RenderErrorsOption,
+  type ResumesThrough,
   readBody,
+  resumeVia,
+  runResumed,
   send,
   sendAnswer,
   splitAdapterOptions,
+  takeResume,
   toDictionaryMode,
 } from './kit/index.js';
 
@@ -60,11 +67,19 @@ export interface ExpressIdempotencyOptions<Tx = RegisteredTx>
  *   res.status(201).location(`/orders/${id}`).json({ id, key: req.idempotency?.key });
  * });
  */
-export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOptions<Tx>): RequestHandler {
+export function idempotency<Tx = RegisteredTx>(
+  options: ExpressIdempotencyOptions<Tx>,
+): RequestHandler & ResumesThrough<NodeListener> {
   const { renderErrors, engineOptions } = splitAdapterOptions('express idempotency()', options);
   const engine = createIdempotency<Request, Tx>(engineOptions);
 
   async function guard(req: Request, res: Response, next: NextFunction): Promise<void> {
+    const resume = takeResume(req.headers[RESUME_HEADER]);
+    if (resume !== undefined) {
+      await bodyOf(req, engine);
+      req.idempotency = resume.ctx as IdempotencyContext<RegisteredTx>;
+      return runResumed(resume, res, () => next());
+    }
     let before: OutgoingHttpHeaders | undefined;
     const outcome = await engine.handle(
       {
@@ -97,7 +112,7 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
     }
   }
 
-  return function idempotencyMiddleware(req, res, next) {
+  const middleware: RequestHandler = function idempotencyMiddleware(req, res, next) {
     toDictionaryMode(req);
     toDictionaryMode(res);
     // Express 4 ignores a rejected promise, so every failure is routed here: the client left
@@ -108,6 +123,13 @@ export function idempotency<Tx = RegisteredTx>(options: ExpressIdempotencyOption
       else next(error);
     });
   };
+  return Object.assign(middleware, {
+    resumeThrough: (app: NodeListener) =>
+      resumeVia(
+        engine,
+        nodeDispatch(() => app),
+      ),
+  });
 }
 
 function bodyOf(req: Request, engine: Idempotency<Request, unknown>): RequestBody | Promise<Uint8Array> {

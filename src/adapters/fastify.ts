@@ -8,13 +8,17 @@ import type {
 } from 'fastify';
 import fastifyPlugin from 'fastify-plugin';
 import {
+  type AbandonedRecord,
   type CapturedResponse,
+  ConfigError,
   createIdempotency,
+  type Idempotency,
   type IdempotencyContext,
   type IdempotencyError,
   type IdempotencyOptions,
   type Outcome,
   type RegisteredTx,
+  type ResponseCollector,
   RetrysafeError,
   type StoredResponse,
 } from '../core/index.js';
@@ -23,7 +27,12 @@ import {
   captureBody,
   checkAdapterOptions,
   closeAfterDrain,
+  injectDispatch,
+  RESUME_HEADER,
+  type ResumesThrough,
+  resumeVia,
   splitAdapterOptions,
+  takeResume,
 } from './kit/index.js';
 
 /** Options of the `retrysafe/fastify` plugin: the engine's, plus the plugin's own. */
@@ -63,29 +72,17 @@ interface RawBody {
 interface Pending {
   resolve: (response: CapturedResponse) => void;
   reject: (error: unknown) => void;
-  outcome: Promise<Outcome>;
+  /** A collector of the engine awaiting the response. */
+  collect: () => ResponseCollector;
+  /** The engine's outcome; `undefined` for a completer's resume, which nobody waits on. */
+  outcome: Promise<Outcome> | undefined;
   settled: boolean;
 }
 
-/**
- * Fastify 5 plugin guarding POST/PATCH routes with Idempotency-Key. Plugin options are the
- * defaults of every route of the instance it is registered on, declared before or after it, with
- * or without `await` on the register (a route declared before the plugin loaded claims its key
- * before its own preHandler hooks, one declared after it, after them); a route's `config: { idempotency: {...} }` overrides them,
- * and `config: { idempotency: false }` leaves a route unguarded. The guarded handler finds
- * `request.idempotency`; what it sends (object, string, Buffer or stream) is captured in
- * `onSend`, saved, and replayed to retries byte for byte. A stream larger than
- * `maxResponseBytes` is streamed through in lease mode, not saved, and the key released. An
- * error the handler throws releases the key before Fastify's error handler answers it.
- * Fastify's own `bodyLimit` applies before `maxBodyBytes`.
- * @example
- * app.register(idempotency, { store, ttl: '7d' });
- * app.post('/orders', { config: { idempotency: { required: true } } }, async (request, reply) => {
- *   reply.code(201).header('location', `/orders/${id}`);
- *   return { id, key: request.idempotency?.key };
- * });
- */
-export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fastifyPlugin(
+// The plugin's engine (of its options, not a route's) on each instance it was registered on.
+const engines = new WeakMap<FastifyInstance, Idempotency<FastifyRequest, unknown>>();
+
+const plugin: FastifyPluginCallback<FastifyIdempotencyOptions> = fastifyPlugin(
   function retrysafe(
     fastify: FastifyInstance,
     options: FastifyIdempotencyOptions,
@@ -97,6 +94,7 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fas
     } catch (error) {
       return done(error as Error);
     }
+    engines.set(fastify, defaults.engine);
     const overridden = new WeakMap<Partial<FastifyIdempotencyOptions>, RouteHooks>();
     const guardOf = (own: FastifyRouteIdempotency | undefined): RouteHooks | undefined => {
       if (own === false) return undefined;
@@ -137,6 +135,44 @@ export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> = fas
   },
   { name: 'retrysafe', fastify: '5.x' },
 );
+
+/**
+ * Fastify 5 plugin guarding POST/PATCH routes with Idempotency-Key. Plugin options are the
+ * defaults of every route of the instance it is registered on, declared before or after it, with
+ * or without `await` on the register (a route declared before the plugin loaded claims its key
+ * before its own preHandler hooks, one declared after it, after them); a route's `config: { idempotency: {...} }` overrides them,
+ * and `config: { idempotency: false }` leaves a route unguarded. The guarded handler finds
+ * `request.idempotency`; what it sends (object, string, Buffer or stream) is captured in
+ * `onSend`, saved, and replayed to retries byte for byte. A stream larger than
+ * `maxResponseBytes` is streamed through in lease mode, not saved, and the key released. An
+ * error the handler throws releases the key before Fastify's error handler answers it.
+ * Fastify's own `bodyLimit` applies before `maxBodyBytes`. `idempotency.resumeThrough(app)` is the
+ * completer's `resume` through the instance the plugin was registered on.
+ * @example
+ * app.register(idempotency, { store, ttl: '7d' });
+ * app.post('/orders', { config: { idempotency: { required: true } } }, async (request, reply) => {
+ *   reply.code(201).header('location', `/orders/${id}`);
+ *   return { id, key: request.idempotency?.key };
+ * });
+ */
+export const idempotency: FastifyPluginCallback<FastifyIdempotencyOptions> & ResumesThrough<FastifyInstance> =
+  Object.assign(plugin, {
+    // Through `inject`: the resumed request runs the route's hooks and handler, without a socket.
+    // The plugin's options claim it; a route whose `config.idempotency` names another `route` is
+    // not resumed.
+    resumeThrough: (app: FastifyInstance) => {
+      const dispatch = injectDispatch(app);
+      return (record: AbandonedRecord, signal?: AbortSignal) => {
+        const engine = engines.get(app);
+        if (engine === undefined) {
+          throw new ConfigError(
+            'retrysafe: resumeThrough(app) needs the Fastify instance the retrysafe plugin was registered on, after `await app.register(idempotency, …)`',
+          );
+        }
+        return resumeVia(engine, dispatch)(record, signal);
+      };
+    },
+  });
 
 /** Marks, in a route's config, a route guarded by route hooks, which the instance hooks skip. */
 const GUARDED_BY_ROUTE_HOOKS = Symbol('retrysafe.guardedByRouteHooks');
@@ -182,6 +218,8 @@ interface RouteHooks {
   preHandler(request: FastifyRequest, reply: FastifyReply): Promise<unknown>;
   onSend(request: FastifyRequest, reply: FastifyReply, payload: unknown): Promise<unknown>;
   onError(request: FastifyRequest, error: Error): Promise<void>;
+  /** The engine of these options. */
+  engine: Idempotency<FastifyRequest, unknown>;
 }
 
 function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdempotencyOptions>): RouteHooks {
@@ -195,6 +233,7 @@ function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdemp
   };
 
   return {
+    engine,
     preParsing(request, payload, done) {
       // Without a key there is nothing to fingerprint; a `key` function may find one anywhere.
       if (engine.keyHeader !== undefined && request.headers[engine.keyHeader] === undefined) {
@@ -225,6 +264,23 @@ function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdemp
     },
 
     async preHandler(request, reply) {
+      const resume = takeResume(request.headers[RESUME_HEADER]);
+      if (resume !== undefined) {
+        request.idempotency = resume.ctx as IdempotencyContext<RegisteredTx>;
+        resume.settle(
+          new Promise<CapturedResponse>((resolve, rejectCapture) => {
+            const collect = () => resume.collect();
+            pending.set(request, {
+              resolve,
+              reject: rejectCapture,
+              collect,
+              outcome: undefined,
+              settled: false,
+            });
+          }),
+        );
+        return;
+      }
       let started!: () => void;
       const handlerStarted = new Promise<undefined>((resolve) => {
         started = () => resolve(undefined);
@@ -249,7 +305,13 @@ function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdemp
           new Promise<CapturedResponse>((resolve, rejectCapture) => {
             request.idempotency = ctx as IdempotencyContext<unknown> as IdempotencyContext<RegisteredTx>;
             reply.headers(engine.answerHeaders(ctx.key));
-            pending.set(request, { resolve, reject: rejectCapture, outcome, settled: false });
+            pending.set(request, {
+              resolve,
+              reject: rejectCapture,
+              collect: () => engine.collect(),
+              outcome,
+              settled: false,
+            });
             started();
           }),
       );
@@ -275,11 +337,13 @@ function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdemp
       const waiting = pending.get(request);
       if (waiting === undefined || waiting.settled) return payload;
       waiting.settled = true;
-      const collector = engine.collect();
+      const collector = waiting.collect();
       const captured = await captureBody(collector, payload);
       waiting.resolve(collector.response(reply.statusCode, (name) => reply.getHeader(name)));
       const outcome = await waiting.outcome;
-      if (outcome.kind !== 'rejected' && outcome.kind !== 'replayed') return captured.payload;
+      if (outcome === undefined || (outcome.kind !== 'rejected' && outcome.kind !== 'replayed')) {
+        return captured.payload;
+      }
       // Atomic mode could not commit (or the response was too large to), or the handler's lease
       // was lost and another answer was saved: nothing of the handler's response may reach the
       // client, its headers included.
@@ -296,7 +360,7 @@ function routeGuard({ renderErrors, engineOptions }: AdapterOptions<FastifyIdemp
       waiting.reject(error);
       // The engine releases the key before rethrowing: wait, so a retry sent as soon as the
       // error response arrives finds the key free.
-      await waiting.outcome.catch(() => undefined);
+      await waiting.outcome?.catch(() => undefined);
     },
   };
 }

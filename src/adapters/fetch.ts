@@ -10,7 +10,13 @@ import {
   DRAIN_MAX_BYTES,
   DRAIN_MAX_MS,
   engineOptionsOf,
+  type FetchListener,
+  fetchDispatch,
   pathAndQuery,
+  RESUME_HEADER,
+  type ResumesThrough,
+  resumeVia,
+  takeResume,
   toResponse,
 } from './kit/index.js';
 
@@ -55,10 +61,18 @@ export function idempotencyOf<Tx = RegisteredTx>(request: Request): IdempotencyC
  */
 export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<Tx>) {
   const engine = createIdempotency<Request, Tx>(engineOptionsOf('fetch idempotency()', options));
-  return function guard<R extends Request, Rest extends unknown[]>(
+  function guard<R extends Request, Rest extends unknown[]>(
     handler: FetchHandler<R, Rest>,
   ): (request: R, ...rest: Rest) => Promise<Response> {
     return async function idempotentHandler(request: R, ...rest: Rest): Promise<Response> {
+      const resume = takeResume(request.headers.get(RESUME_HEADER));
+      if (resume !== undefined) {
+        contexts.set(request, resume.ctx);
+        const running = (async () =>
+          captureWebResponse(resume.collect(), await handler(request, ...rest), {}))();
+        resume.settle(running.then((captured) => captured.response));
+        return (await running).send;
+      }
       let sent: Response | undefined;
       const outcome = await engine.handle(
         {
@@ -97,7 +111,12 @@ export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<
           return toResponse(engine.render(outcome.error));
       }
     };
+  }
+  const resumes: ResumesThrough<FetchListener> = {
+    // The guarded handler itself, or a router in front of several.
+    resumeThrough: (handler) => resumeVia(engine, fetchDispatch(handler)),
   };
+  return Object.assign(guard, resumes);
 }
 
 /**

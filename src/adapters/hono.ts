@@ -8,7 +8,18 @@ import {
   type IdempotencyOptions,
   type RegisteredTx,
 } from '../core/index.js';
-import { captureWebResponse, engineOptionsOf, pathAndQuery, toResponse } from './kit/index.js';
+import {
+  captureWebResponse,
+  engineOptionsOf,
+  type FetchListener,
+  fetchDispatch,
+  pathAndQuery,
+  RESUME_HEADER,
+  type ResumesThrough,
+  resumeVia,
+  takeResume,
+  toResponse,
+} from './kit/index.js';
 
 /** Options of `retrysafe/hono`'s `idempotency`: the engine's over Hono's `Context`. */
 export type HonoIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Context, Tx>;
@@ -43,10 +54,24 @@ declare module 'hono' {
  */
 export function idempotency<Tx = RegisteredTx>(
   options: HonoIdempotencyOptions<Tx>,
-): MiddlewareHandler<{ Variables: IdempotencyVariables<Tx> }> {
+): MiddlewareHandler<{ Variables: IdempotencyVariables<Tx> }> & ResumesThrough<{ fetch: FetchListener }> {
   const engine = createIdempotency<Context, Tx>(engineOptionsOf('hono idempotency()', options));
 
-  return async function idempotency(c, next) {
+  const middleware: MiddlewareHandler<{ Variables: IdempotencyVariables<Tx> }> = async function idempotency(
+    c,
+    next,
+  ) {
+    const resume = takeResume(c.req.header(RESUME_HEADER));
+    if (resume !== undefined) {
+      c.set('idempotency', resume.ctx as IdempotencyContext<Tx>);
+      await next();
+      // app.onError answered the handler's error: the resume failed, that answer stands.
+      if (c.error) return resume.settle(Promise.reject(c.error));
+      const running = captureWebResponse(resume.collect(), c.res, {});
+      resume.settle(running.then((captured) => captured.response));
+      c.res = (await running).send;
+      return;
+    }
     let sent: Response | undefined;
     let outcome: Awaited<ReturnType<typeof engine.handle>>;
     try {
@@ -106,6 +131,13 @@ export function idempotency<Tx = RegisteredTx>(
       }
     }
   };
+  return Object.assign(middleware, {
+    resumeThrough: (app: { fetch: FetchListener }) =>
+      resumeVia(
+        engine,
+        fetchDispatch((request) => app.fetch(request)),
+      ),
+  });
 }
 
 async function bodyOf(c: Context, engine: Idempotency<Context, unknown>): Promise<Uint8Array> {

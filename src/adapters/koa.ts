@@ -1,6 +1,7 @@
 import type { OutgoingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import type { Context, Middleware } from 'koa';
+import type { ResponseCollector } from '../core/index.js';
 import {
   createIdempotency,
   type Idempotency,
@@ -15,9 +16,15 @@ import {
   captureBody,
   clearForAnswer,
   keyHeaderOf,
+  type NodeListener,
+  nodeDispatch,
+  RESUME_HEADER,
   type RenderErrorsOption,
+  type ResumesThrough,
   readBody,
+  resumeVia,
   splitAdapterOptions,
+  takeResume,
 } from './kit/index.js';
 
 /** Options of `retrysafe/koa`'s `idempotency`: the engine's, plus `renderErrors`. */
@@ -66,11 +73,19 @@ const EMPTY_STATUS = new Set([204, 205, 304]);
  */
 export function idempotency<Tx = RegisteredTx>(
   options: KoaIdempotencyOptions<Tx>,
-): Middleware<IdempotencyState<Tx>> {
+): Middleware<IdempotencyState<Tx>> & ResumesThrough<{ callback(): NodeListener }> {
   const { renderErrors, engineOptions } = splitAdapterOptions('koa idempotency()', options);
   const engine = createIdempotency<Context, Tx>(engineOptions);
 
-  return async function idempotencyMiddleware(ctx, next) {
+  const middleware: Middleware<IdempotencyState<Tx>> = async function idempotencyMiddleware(ctx, next) {
+    const resume = takeResume(ctx.headers[RESUME_HEADER]);
+    if (resume !== undefined) {
+      await bodyOf(ctx, engine);
+      const running = downstream(ctx, next, resume.ctx as IdempotencyContext<Tx>, resume.collect());
+      resume.settle(running);
+      await running;
+      return;
+    }
     let before: OutgoingHttpHeaders | undefined;
     const outcome = await engine.handle(
       {
@@ -83,17 +98,10 @@ export function idempotency<Tx = RegisteredTx>(
         readBody: () => bodyOf(ctx, engine),
         raw: ctx,
       },
-      async (idem) => {
-        ctx.state.idempotency = idem;
+      (idem) => {
         before = ctx.res.getHeaders();
         ctx.set(engine.answerHeaders(idem.key));
-        await next();
-        const collector = engine.collect();
-        const captured = await captureBody(collector, payloadOf(ctx));
-        // A stream was consumed (an object serialised): Koa sends the bytes read, or what
-        // streams on. An undefined body stays so: assigning one would turn a 404 into a 200.
-        if (ctx.body !== undefined && captured.payload !== ctx.body) ctx.body = captured.payload;
-        return collector.response(ctx.status, (name) => ctx.res.getHeader(name));
+        return downstream(ctx, next, idem, engine.collect());
       },
     );
     switch (outcome.kind) {
@@ -113,6 +121,29 @@ export function idempotency<Tx = RegisteredTx>(
         return answer(ctx, engine.render(outcome.error));
     }
   };
+  return Object.assign(middleware, {
+    resumeThrough: (app: { callback(): NodeListener }) =>
+      resumeVia(
+        engine,
+        nodeDispatch(() => app.callback()),
+      ),
+  });
+}
+
+/** Runs the middleware downstream with `idem` in `ctx.state` and captures the `ctx.body` it leaves. */
+async function downstream<Tx>(
+  ctx: Context,
+  next: () => Promise<unknown>,
+  idem: IdempotencyContext<Tx>,
+  collector: ResponseCollector,
+) {
+  ctx.state.idempotency = idem;
+  await next();
+  const captured = await captureBody(collector, payloadOf(ctx));
+  // A stream was consumed (an object serialised): Koa sends the bytes read, or what
+  // streams on. An undefined body stays so: assigning one would turn a 404 into a 200.
+  if (ctx.body !== undefined && captured.payload !== ctx.body) ctx.body = captured.payload;
+  return collector.response(ctx.status, (name) => ctx.res.getHeader(name));
 }
 
 async function bodyOf(ctx: Context, engine: Idempotency<Context, unknown>): Promise<RequestBody> {

@@ -28,10 +28,20 @@ import {
   clearForAnswer,
   discard,
   engineOptionsOf,
+  type Injectable,
+  injectDispatch,
   keyHeaderOf,
+  type NodeListener,
+  nodeDispatch,
+  RESUME_HEADER,
+  type Resume,
+  type ResumesThrough,
   readBody,
+  resumeVia,
+  runResumed,
   send,
   sendAnswer,
+  takeResume,
   toDictionaryMode,
 } from './kit/index.js';
 
@@ -48,6 +58,11 @@ export interface NestRequest {
   rawBody?: Buffer;
   /** Fastify's node:http request. */
   raw?: IncomingMessage;
+}
+
+/** A Nest application, as `resumeThrough` reaches its platform (Express or Fastify). */
+export interface NestApplication {
+  getHttpAdapter(): { getInstance(): unknown };
 }
 
 /** Options of `RetrysafeModule.forRoot`: the engine's over Nest's request. */
@@ -93,7 +108,9 @@ export const IdempotencyCtx: () => ParameterDecorator = createParamDecorator(
  * Register it app-wide with {@link RetrysafeModule}, or `app.useGlobalInterceptors(new
  * IdempotencyInterceptor({ store }))`.
  */
-export class IdempotencyInterceptor<Tx = RegisteredTx> implements NestInterceptor {
+export class IdempotencyInterceptor<Tx = RegisteredTx>
+  implements NestInterceptor, ResumesThrough<NestApplication>
+{
   readonly #options: NestIdempotencyOptions<Tx>;
   readonly #engine: Idempotency<NestRequest, Tx>;
   readonly #routeEngines = new WeakMap<object, Idempotency<NestRequest, Tx> | undefined>();
@@ -101,6 +118,20 @@ export class IdempotencyInterceptor<Tx = RegisteredTx> implements NestIntercepto
   constructor(options: NestIdempotencyOptions<Tx>) {
     this.#options = options;
     this.#engine = createIdempotency<NestRequest, Tx>(engineOptionsOf('RetrysafeModule options', options));
+  }
+
+  /**
+   * The completer's way into the app, through its platform: Express's app on
+   * @nestjs/platform-express, Fastify's `inject` on @nestjs/platform-fastify. With
+   * {@link RetrysafeModule}: `app.get(IdempotencyInterceptor).resumeThrough(app)`.
+   */
+  resumeThrough(app: NestApplication): Resume {
+    const platform = app.getHttpAdapter().getInstance();
+    const dispatch =
+      typeof (platform as Partial<Injectable>).inject === 'function'
+        ? injectDispatch(platform as Injectable)
+        : nodeDispatch(() => platform as NodeListener);
+    return resumeVia(this.#engine, dispatch);
   }
 
   intercept(context: ExecutionContext, next: CallHandler): Observable<unknown> {
@@ -112,6 +143,15 @@ export class IdempotencyInterceptor<Tx = RegisteredTx> implements NestIntercepto
     const reply = http.getResponse<{ raw?: ServerResponse } & ServerResponse>();
     const rawReq = req.raw ?? (req as unknown as IncomingMessage);
     const res = reply.raw ?? reply;
+    const resume = takeResume(req.headers[RESUME_HEADER]);
+    if (resume !== undefined) {
+      return new Observable((subscriber) => {
+        contexts.set(req, resume.ctx);
+        runResumed(resume, res, () => runRoute(next, subscriber)).catch((error: unknown) =>
+          subscriber.error(error),
+        );
+      });
+    }
     if (req.raw === undefined) {
       // @nestjs/platform-express: Express's objects, with their prototypes swapped.
       toDictionaryMode(rawReq);
@@ -314,9 +354,10 @@ export class RetrysafeModule {
       module: RetrysafeModule,
       providers: [
         { provide: RETRYSAFE_OPTIONS, useValue: options },
-        { provide: APP_INTERCEPTOR, useValue: interceptor },
+        { provide: IdempotencyInterceptor, useValue: interceptor },
+        { provide: APP_INTERCEPTOR, useExisting: IdempotencyInterceptor },
       ],
-      exports: [RETRYSAFE_OPTIONS],
+      exports: [RETRYSAFE_OPTIONS, IdempotencyInterceptor],
     };
   }
 
@@ -327,12 +368,13 @@ export class RetrysafeModule {
       providers: [
         { provide: RETRYSAFE_OPTIONS, useFactory: options.useFactory, inject: options.inject ?? [] },
         {
-          provide: APP_INTERCEPTOR,
+          provide: IdempotencyInterceptor,
           useFactory: (resolved: NestIdempotencyOptions<Tx>) => new IdempotencyInterceptor(resolved),
           inject: [RETRYSAFE_OPTIONS],
         },
+        { provide: APP_INTERCEPTOR, useExisting: IdempotencyInterceptor },
       ],
-      exports: [RETRYSAFE_OPTIONS],
+      exports: [RETRYSAFE_OPTIONS, IdempotencyInterceptor],
     };
   }
 }

@@ -17,9 +17,16 @@ import {
   engineOptionsOf,
   internalError,
   keyHeaderOf,
+  type NodeListener,
+  nodeDispatch,
+  RESUME_HEADER,
+  type ResumesThrough,
   readBody,
+  resumeVia,
+  runResumed,
   send,
   sendAnswer,
+  takeResume,
 } from './kit/index.js';
 
 /** The request a wrapped handler sees: the body is already read, as bytes. */
@@ -78,9 +85,11 @@ export type NodeIdempotencyOptions<Tx = RegisteredTx> = IdempotencyOptions<Incom
  * const guard = idempotency({ store: sqliteStore({ url: 'app.db', migrate: true }) });
  * http.createServer(guard(async (req, res, idem) => { res.writeHead(201).end('made') })).listen(8080);
  */
-export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<Tx>) {
+export function idempotency<Tx = RegisteredTx>(
+  options: NodeIdempotencyOptions<Tx>,
+): ((handler: NodeHandler<Tx>) => GuardedNodeHandler) & ResumesThrough<NodeListener> {
   const engine = createIdempotency<IncomingMessage, Tx>(engineOptionsOf('node idempotency()', options));
-  return function wrap(handler: NodeHandler<Tx>): GuardedNodeHandler {
+  function wrap(handler: NodeHandler<Tx>): GuardedNodeHandler {
     async function idempotentHandler(req: IncomingMessage, res: ServerResponse): Promise<void> {
       let body: Buffer;
       try {
@@ -95,6 +104,13 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
         return;
       }
       const request = Object.assign(req, { body }) as BodyRequest;
+      const resume = takeResume(req.headers[RESUME_HEADER]);
+      if (resume !== undefined) {
+        const ctx = resume.ctx as IdempotencyContext<Tx>;
+        return runResumed(resume, res, () => handler(request, res, ctx)).catch((error) =>
+          internalError(res, error),
+        );
+      }
       let before: OutgoingHttpHeaders | undefined;
       try {
         const outcome = await engine.handle(
@@ -141,5 +157,14 @@ export function idempotency<Tx = RegisteredTx>(options: NodeIdempotencyOptions<T
           signal,
         ),
     });
-  };
+  }
+  // A server of many guarded handlers (a router) resumes through its listener, as the other
+  // adapters do through their app.
+  return Object.assign(wrap, {
+    resumeThrough: (listener: NodeListener) =>
+      resumeVia(
+        engine,
+        nodeDispatch(() => listener),
+      ),
+  });
 }

@@ -7,8 +7,14 @@ import { Worker } from 'node:worker_threads';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { IdempotencyEvent } from '../core/contract/index.js';
-import { type ClaimInput, type IdempotencyStore, isAtomicStore } from '../core/contract/index.js';
 import {
+  type AbandonedRecord,
+  type ClaimInput,
+  type IdempotencyStore,
+  isAtomicStore,
+} from '../core/contract/index.js';
+import {
+  createIdempotency,
   credentialScope,
   type IdempotencyContext,
   type IdempotencyOptions,
@@ -71,6 +77,11 @@ export interface RunningApp {
   url: string;
   /** Handler calls by `"<METHOD> <path>"`, path without query. */
   calls: Record<string, number>;
+  /**
+   * A completer's `resume` through this app (the guard's `resumeThrough(app)`); without it the
+   * scenario of an abandoned operation finished through the app is skipped.
+   */
+  resume?: (record: AbandonedRecord, signal?: AbortSignal) => Promise<unknown>;
   close(): Promise<void>;
 }
 
@@ -242,12 +253,17 @@ export function pacedStream(chunks: readonly Buffer[]): ReadableStream<Uint8Arra
 }
 
 /** Listens on an ephemeral loopback port; `close` also drops keep-alive connections. */
-export async function listen(server: Server, calls: Record<string, number>): Promise<RunningApp> {
+export async function listen(
+  server: Server,
+  calls: Record<string, number>,
+  resume?: RunningApp['resume'],
+): Promise<RunningApp> {
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   const { port } = server.address() as AddressInfo;
   return {
     url: `http://127.0.0.1:${port}`,
     calls,
+    resume,
     close: () =>
       new Promise<void>((resolve) => {
         server.close(() => resolve());
@@ -532,6 +548,24 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
             expect(first.json()).toMatchObject({ n: 1, key: null, tx: false });
             expect(second.json().n).toBe(2);
             expect(second.headers.get('idempotency-replayed')).toBeNull();
+          }));
+
+        it('an abandoned operation is finished through the app (resumeThrough); the late retry replays it', (test) =>
+          withApp({}, async (app) => {
+            if (app.resume === undefined) return test.skip();
+            const key = newKey();
+            const body = { a: 1 };
+            const record = await abandon(store, key, '/orders', body);
+            const outcome = (await app.resume(record)) as { kind: string; response: { body: Uint8Array } };
+            expect(outcome.kind).toBe('executed');
+            const answered = JSON.parse(Buffer.from(outcome.response.body).toString());
+            // The route's handler ran with the resumed operation and the saved body, parsed.
+            expect(answered).toMatchObject({ n: 1, key, received: body });
+            const late = await send(app, 'POST', '/orders', { key, body });
+            expect(late.status).toBe(201);
+            expect(late.headers.get('idempotency-replayed')).toBe('true');
+            expect(late.json()).toEqual(answered);
+            expect(app.calls['POST /orders']).toBe(1);
           }));
 
         it('no key on a required route: 400 before the handler runs', () =>
@@ -1288,6 +1322,42 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
       },
     );
   }
+}
+
+/**
+ * A first attempt at POST `path` that saved a step and died (its process, not the app's, claimed
+ * the key): resolves with the abandoned record a completer finds, once its ended lease passed.
+ */
+export async function abandon(
+  store: IdempotencyStore,
+  key: string,
+  path: string,
+  body: unknown,
+): Promise<AbandonedRecord> {
+  await createIdempotency({ store, lease: 1 })
+    .handle(
+      {
+        method: 'POST',
+        path,
+        keyHeader: key,
+        contentType: 'application/json',
+        acceptEncoding: undefined,
+        authorization: undefined,
+        readBody: () => Buffer.from(JSON.stringify(body)),
+        raw: undefined,
+      },
+      async (ctx) => {
+        await ctx.step('charged', () => 'ch_1');
+        throw new Error('the process died');
+      },
+    )
+    .catch(() => undefined);
+  for (let tries = 0; tries < 400; tries++) {
+    const record = (await store.abandoned({ limit: 1000 })).find((found) => found.key === key);
+    if (record !== undefined) return record;
+    await sleep(5);
+  }
+  throw new Error(`no abandoned record of ${key}`);
 }
 
 /** A gzip-encoded response replays as stored to a retry that accepts gzip, decoded to one that does not. */

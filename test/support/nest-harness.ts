@@ -23,7 +23,12 @@ import { NestFactory } from '@nestjs/core';
 import { ExpressAdapter, type NestExpressApplication } from '@nestjs/platform-express';
 import { FastifyAdapter } from '@nestjs/platform-fastify';
 import { throwError } from 'rxjs';
-import { IdempotencyCtx, type NestRequest, RetrysafeModule } from '../../src/adapters/nestjs.js';
+import {
+  IdempotencyCtx,
+  IdempotencyInterceptor,
+  type NestRequest,
+  RetrysafeModule,
+} from '../../src/adapters/nestjs.js';
 import type { IdempotencyContext } from '../../src/core/index.js';
 import { type AdapterUnderTest, paced, plan, type RunningApp } from '../../src/testing/adapter-suite.js';
 
@@ -191,7 +196,12 @@ export function nestAdapter(name: string, platform: Platform): AdapterUnderTest 
         ],
         controllers: [Catalog],
       });
-      return { url: urlOf(app), calls, close: () => app.close() } satisfies RunningApp;
+      return {
+        url: urlOf(app),
+        calls,
+        resume: app.get(IdempotencyInterceptor).resumeThrough(app),
+        close: () => app.close(),
+      } satisfies RunningApp;
     },
   };
 }

@@ -61,12 +61,11 @@ export function expressAdapter(
       const calls: Record<string, number> = {};
       const app = express();
       if (parser) app.use(express.json({ limit: '10mb' }), express.urlencoded({ extended: false }));
-      app.use(
-        idempotency({
-          ...options,
-          ...(scopeByAuthorization ? { scope: (req) => req.get('authorization') ?? '' } : {}),
-        }),
-      );
+      const idem = idempotency({
+        ...options,
+        ...(scopeByAuthorization ? { scope: (req) => req.get('authorization') ?? '' } : {}),
+      });
+      app.use(idem);
       const planFor = (req: Request) => plan(calls, req.method, urlOf(req), req.idempotency, req.body);
       app.post('/throw', (req, res) => {
         const planned = planFor(req);
@@ -92,7 +91,7 @@ export function expressAdapter(
           .then(() => answer(res, planned))
           .catch(next);
       });
-      return listen(http.createServer(app), calls);
+      return listen(http.createServer(app), calls, idem.resumeThrough(app));
     },
   };
 }

@@ -18,7 +18,12 @@ import {
 async function listenFastify(app: FastifyInstance, calls: Record<string, number>): Promise<RunningApp> {
   await app.listen({ port: 0, host: '127.0.0.1' });
   const { port } = app.server.address() as AddressInfo;
-  return { url: `http://127.0.0.1:${port}`, calls, close: () => app.close() };
+  return {
+    url: `http://127.0.0.1:${port}`,
+    calls,
+    resume: idempotency.resumeThrough(app),
+    close: () => app.close(),
+  };
 }
 
 function answer(reply: FastifyReply, planned: Exclude<Planned, { kind: 'fail' }>): unknown {

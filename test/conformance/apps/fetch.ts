@@ -20,7 +20,11 @@ import {
  * `Request`, rebuilt from the one the server made, and its Node `Response` is written as is
  * (`overrideGlobalObjects: false` leaves Node's globals alone).
  */
-function serveFetch(handler: FetchHandler, calls: Record<string, number>): Promise<RunningApp> {
+function serveFetch(
+  handler: FetchHandler,
+  calls: Record<string, number>,
+  resume?: RunningApp['resume'],
+): Promise<RunningApp> {
   const listener = getRequestListener(
     (served: Request) =>
       handler(
@@ -34,7 +38,7 @@ function serveFetch(handler: FetchHandler, calls: Record<string, number>): Promi
       ),
     { overrideGlobalObjects: false },
   );
-  return listen(createServer(listener), calls);
+  return listen(createServer(listener), calls, resume);
 }
 
 /** The catalog's answer, written the Web-standard way. */
@@ -81,6 +85,6 @@ export const fetchAdapter: AdapterUnderTest = {
         return respond(planned);
       })();
     });
-    return serveFetch(handler, calls);
+    return serveFetch(handler, calls, guard.resumeThrough(handler));
   },
 };

@@ -19,8 +19,12 @@ import {
 
 export type Env = { Variables: IdempotencyVariables };
 
-function serveHono(app: Hono<Env>, calls: Record<string, number>): Promise<RunningApp> {
-  return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls);
+function serveHono(
+  app: Hono<Env>,
+  calls: Record<string, number>,
+  resume?: RunningApp['resume'],
+): Promise<RunningApp> {
+  return listen(createAdaptorServer({ fetch: app.fetch }) as Server, calls, resume);
 }
 
 export const honoAdapter: AdapterUnderTest = {
@@ -29,12 +33,11 @@ export const honoAdapter: AdapterUnderTest = {
   async start({ scopeByAuthorization, ...options }) {
     const calls: Record<string, number> = {};
     const app = new Hono<Env>();
-    app.use(
-      idempotency({
-        ...options,
-        ...(scopeByAuthorization ? { scope: (c: Context) => c.req.header('authorization') ?? '' } : {}),
-      }),
-    );
+    const idem = idempotency({
+      ...options,
+      ...(scopeByAuthorization ? { scope: (c: Context) => c.req.header('authorization') ?? '' } : {}),
+    });
+    app.use(idem);
     const handler = async (c: Context<Env>) => {
       const planned = plan(calls, c.req.method, new URL(c.req.url), c.get('idempotency'), await c.req.text());
       if (planned.delayMs) await sleep(planned.delayMs);
@@ -59,6 +62,6 @@ export const honoAdapter: AdapterUnderTest = {
     for (const path of [...CATALOG_POST_PATHS, ...honoAdapter.throwPaths]) {
       app.post(path, handler);
     }
-    return serveHono(app, calls);
+    return serveHono(app, calls, idem.resumeThrough(app));
   },
 };

@@ -42,12 +42,11 @@ export function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnde
       app.silent = true;
       // Past the suite's largest upload, as express.json() in the Express tests: maxBodyBytes answers.
       if (parser) app.use(bodyParser({ jsonLimit: '10mb' }));
-      app.use(
-        idempotency({
-          ...options,
-          ...(scopeByAuthorization ? { scope: (ctx) => ctx.get('authorization') } : {}),
-        }),
-      );
+      const idem = idempotency({
+        ...options,
+        ...(scopeByAuthorization ? { scope: (ctx) => ctx.get('authorization') } : {}),
+      });
+      app.use(idem);
       if (!parser) {
         const later = bodyParser();
         app.use((ctx, next) => (ctx.path === '/parser-after' ? later(ctx, next) : next()));
@@ -82,7 +81,7 @@ export function koaAdapter(name: string, Koa: Koa, parser: boolean): AdapterUnde
             break;
         }
       });
-      return listen(http.createServer(app.callback()), calls);
+      return listen(http.createServer(app.callback()), calls, idem.resumeThrough(app));
     },
   };
 }
