@@ -39,13 +39,18 @@ async function startRedis(port: number): Promise<ChildProcess> {
   return child;
 }
 
-/** Polls the desk's `GET /health` until it answers `status` (bounded: the test fails past 30 s). */
-async function healthUntil(baseUrl: string, status: number) {
+/**
+ * Polls the desk's `GET /health` until its body says `status` (bounded: the test fails past 30 s).
+ * Between `unavailable` (open) and `ok` (closed) it may say `recovering` (half-open, a 200) for as
+ * long as no request has probed the store yet.
+ */
+async function healthUntil(baseUrl: string, status: 'unavailable' | 'ok') {
   const deadline = Date.now() + 30_000;
   for (;;) {
     const response = await fetch(`${baseUrl}/health`);
     const body = await response.json();
-    if (response.status === status) return { body, retryAfter: response.headers.get('retry-after') };
+    if (body.status === status)
+      return { httpStatus: response.status, body, retryAfter: response.headers.get('retry-after') };
     if (Date.now() > deadline)
       throw new Error(`GET /health still ${response.status} ${JSON.stringify(body)}`);
     await sleep(50);
@@ -82,7 +87,8 @@ describe.skipIf(!hasRedis)('loan desk with keys in a Redis that is killed and re
           // Long enough for every client loop to meet the outage, and for the failing calls to
           // open the key store's circuit: GET /health says so.
           await sleep(1500);
-          const open = await healthUntil(desk.baseUrl, 503);
+          const open = await healthUntil(desk.baseUrl, 'unavailable');
+          expect(open.httpStatus).toBe(503);
           expect(open.body).toMatchObject({
             status: 'unavailable',
             keyStore: { name: 'redis', circuit: 'open' },
@@ -90,7 +96,9 @@ describe.skipIf(!hasRedis)('loan desk with keys in a Redis that is killed and re
           expect(open.retryAfter).toBe('1');
           redis = await startRedis(port);
           // A client's probe finds Redis again and closes it.
-          expect((await healthUntil(desk.baseUrl, 200)).body).toMatchObject({
+          const closed = await healthUntil(desk.baseUrl, 'ok');
+          expect(closed.httpStatus).toBe(200);
+          expect(closed.body).toMatchObject({
             status: 'ok',
             keyStore: { circuit: 'closed', failedCalls: 0 },
           });
