@@ -32,14 +32,17 @@ if value and string.sub(value, 1, 1) == 'P' then
   -- A takeover: the finished steps stay with the record and go back to the new owner, and so do
   -- its creation time and retention (they count from the first claim, so an operation that
   -- keeps failing still ends), the key's TTL growing only should the new lease outlive it.
+  -- The expiry is set again as the same instant (PXAT), not as the TTL just read: the clock may
+  -- pass a millisecond between the read and the SET, which moved createdAt by one.
   local owner, newLeaseOffset = string.match(newRecord, '^(P\\n[^\\n]*\\n)([^\\n]*)\\n')
   local lease = tonumber(retainMs) - tonumber(newLeaseOffset)
+  local expiresAt = redis.call('PEXPIRETIME', key)
   local grown = 0
   if expiresIn < lease then
     grown = lease - expiresIn
     expiresIn = lease
   end
-  redis.call('SET', key, owner .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'PX', expiresIn)
+  redis.call('SET', key, owner .. string.format('%d\\n%d\\n', expiresIn - lease, tonumber(created) + grown) .. fingerprint .. steps, 'PXAT', expiresAt + grown)
   return {'acquired', steps}
 elseif value then
   return {'record', value}
