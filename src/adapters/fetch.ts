@@ -7,8 +7,7 @@ import {
 } from '../core/index.js';
 import {
   captureWebResponse,
-  DRAIN_MAX_BYTES,
-  DRAIN_MAX_MS,
+  dropUnreadBody,
   engineOptionsOf,
   type FetchListener,
   fetchDispatch,
@@ -108,6 +107,8 @@ export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<
         case 'rejected':
           // Atomic mode could not commit what the handler answered: none of it may reach the client.
           await sent?.body?.cancel();
+          // Refused before the body was read (a bad key, one too large): the rest is dropped first.
+          await dropUnreadBody(request);
           return toResponse(engine.render(outcome.error));
       }
     };
@@ -121,10 +122,8 @@ export function idempotency<Tx = RegisteredTx>(options: FetchIdempotencyOptions<
 
 /**
  * The body's bytes, read from a clone: the handler's own Request keeps its body unread. Stops
- * reading past `maxBodyBytes`, with or without a Content-Length; the rest of a refused body is
- * then read and dropped (within the bounds node:http's adapters drain by) before the 413 goes
- * out, since a server that closes on unread bytes resets the connection, and a client still
- * uploading sees that reset instead of the 413.
+ * reading past `maxBodyBytes`, with or without a Content-Length; the 413 then goes out once the
+ * rest is dropped (`dropUnreadBody`).
  */
 async function bodyOf(request: Request, engine: Idempotency<Request, unknown>): Promise<Uint8Array> {
   if (request.body === null) return new Uint8Array(0);
@@ -135,8 +134,6 @@ async function bodyOf(request: Request, engine: Idempotency<Request, unknown>): 
     );
     if (body !== undefined) return body;
   }
-  // The handler will not run: its copy of the body is ours to drop.
-  await drop(request.body.getReader());
   throw engine.bodyTooLarge();
 }
 
@@ -166,22 +163,4 @@ async function readUpTo(
     offset += chunk.byteLength;
   }
   return body;
-}
-
-/** Reads and drops the rest of a body, up to `DRAIN_MAX_BYTES` and `DRAIN_MAX_MS`. */
-async function drop(reader: ReadableStreamDefaultReader<Uint8Array>): Promise<void> {
-  const timer = setTimeout(() => void reader.cancel(), DRAIN_MAX_MS);
-  let bytes = 0;
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) return;
-      bytes += value.byteLength;
-      if (bytes > DRAIN_MAX_BYTES) return void reader.cancel();
-    }
-  } catch {
-    // The client went away: there is nothing left to drop.
-  } finally {
-    clearTimeout(timer);
-  }
 }

@@ -10,6 +10,7 @@ import {
 } from '../core/index.js';
 import {
   captureWebResponse,
+  dropUnreadBody,
   engineOptionsOf,
   type FetchListener,
   fetchDispatch,
@@ -122,6 +123,9 @@ export function idempotency<Tx = RegisteredTx>(
         // After the handler ran (atomic mode could not commit), none of its headers may leak
         // into the error response: Hono would merge them into it.
         if (sent !== undefined) c.res = undefined;
+        // Refused before the body was read (a bad key, a declared length past the limit): the
+        // rest is dropped first, or @hono/node-server may close on it and reset the client.
+        await dropUnreadBody(c.req.raw);
         const rendered = engine.render(outcome.error);
         throw new HTTPException(rendered.status as ContentfulStatusCode, {
           res: toResponse(rendered),

@@ -20,7 +20,7 @@ import {
   type IdempotencyOptions,
   IETF_DRAFT_ERRORS_URL,
 } from '../core/index.js';
-import { exchange, type RawOutcome } from './raw-http.js';
+import { exchange, type RawOutcome, type RawRequest } from './raw-http.js';
 
 /**
  * A store to run tests against, one of each kind below: `open` makes a new one on data of its
@@ -392,23 +392,25 @@ async function until(condition: () => boolean, what: string): Promise<void> {
 }
 
 /**
- * Three POSTs with the key header twice and a 900 KiB body written in three pieces, each its
- * status (or how it failed). Found by the adapter fuzz (test/fuzz): a key refused before the body
- * was read, the connection closed on unread bytes and was reset, so the 400 was lost.
+ * Three POSTs of a 900 KiB JSON body written in three pieces over `Connection: close`, each with
+ * `headers` besides its Content-Type: each its status (or how it failed). Found by the adapter
+ * fuzz (test/fuzz): a request refused before its body was read (a bad key, a body declared too
+ * large) was answered, then the connection closed on the unread upload and was reset, so the
+ * answer was lost.
  */
-export async function badKeyOnLargeUpload(app: RunningApp): Promise<Array<number | RawOutcome>> {
+export async function refusedLargeUpload(
+  app: RunningApp,
+  headers: RawRequest['headers'],
+  framing: RawRequest['framing'] = { kind: 'length' },
+): Promise<Array<number | RawOutcome>> {
   const statuses: Array<number | RawOutcome> = [];
   for (let i = 0; i < 3; i++) {
     const outcome = await exchange(Number(new URL(app.url).port), {
       method: 'POST',
       target: '/orders',
-      headers: [
-        ['Idempotency-Key', 'a'],
-        ['Idempotency-Key', 'b'],
-        ['Content-Type', 'application/json'],
-      ],
+      headers: [...headers, ['Content-Type', 'application/json']],
       body: Buffer.from(JSON.stringify({ pad: 'x'.repeat(900 * 1024) })),
-      framing: { kind: 'length' },
+      framing,
       cuts: [0.01, 0.5],
       hangUp: { at: 'never' },
     });
@@ -1033,6 +1035,33 @@ export function describeAdapterConformance(adapter: AdapterUnderTest, stores: re
                 201,
               );
             }));
+
+        // Store-independent too: a refusal answered before the body was read (the key is checked
+        // first; a declared length past the limit needs no reading) reaches a client still uploading.
+        if (factory === stores[0]) {
+          it('the key header twice on a 900 KiB upload still being sent: its 400, never a reset', () =>
+            withApp({}, async (app) => {
+              const twice: RawRequest['headers'] = [
+                ['Idempotency-Key', 'a'],
+                ['Idempotency-Key', 'b'],
+              ];
+              expect(await refusedLargeUpload(app, twice)).toEqual([400, 400, 400]);
+            }));
+
+          it.each([
+            ['declared by its Content-Length', { kind: 'length' }],
+            ['chunked', { kind: 'chunked', sizes: [16 * 1024] }],
+          ] as const)(
+            'a 900 KiB upload over maxBodyBytes, %s, still being sent: its 413, never a reset',
+            (_, framing) =>
+              withApp({ maxBodyBytes: 64 * 1024 }, async (app) => {
+                expect(await refusedLargeUpload(app, [['Idempotency-Key', newKey()]], framing)).toEqual([
+                  413, 413, 413,
+                ]);
+                expect(app.calls['POST /orders']).toBeUndefined();
+              }),
+          );
+        }
 
         it('a 204 carries no Content-Length, first answer or replay (RFC 9110 §8.6)', () =>
           withApp({ replayHeaders: ['x-trace'] }, async (app) => {

@@ -1,4 +1,5 @@
 import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/index.js';
+import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './node-http.js';
 import { feed, keptThenRest, type ReadChunk } from './overflow.js';
 
 // Response capture and replay shared by the adapters that see Web-standard Request/Response
@@ -67,4 +68,34 @@ export async function captureWebResponse(
     },
   });
   return { response: captured(), send: new Response(rest, init) };
+}
+
+/**
+ * Reads and drops what nobody read of a refused request's body (a bad key, a body too large),
+ * within the bounds node:http's adapters drain by, before the refusal is answered. A Node server
+ * in front (@hono/node-server, Next.js) closes the connection after the answer when the client
+ * asked it to, and closing a socket with unread bytes resets it: a client still uploading then
+ * sees that reset instead of the answer. Elsewhere (workers, Deno, Bun) it only reads the rest of
+ * an upload the client sends anyway. A body read already, or being read, is left alone.
+ */
+export async function dropUnreadBody(request: Request): Promise<void> {
+  // `bodyUsed` first: @hono/node-server's Request builds its body stream when `body` is read.
+  if (request.bodyUsed) return;
+  const body = request.body;
+  if (body === null || body.locked) return;
+  const reader = body.getReader();
+  const timer = setTimeout(() => void reader.cancel(), DRAIN_MAX_MS);
+  let bytes = 0;
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) return;
+      bytes += value.byteLength;
+      if (bytes > DRAIN_MAX_BYTES) return void reader.cancel();
+    }
+  } catch {
+    // The client went away: there is nothing left to drop.
+  } finally {
+    clearTimeout(timer);
+  }
 }
