@@ -45,8 +45,8 @@ export const SLICE = 250;
 /** Serves one request with `serve`; resolves when the response is done. */
 export const exchange = (serve, key) => exchangeOn(serve, key, BODY);
 
-/** The guarded handler of a build's `idempotency` (node adapter), over `store` (by default one answering at once). */
-export const guarded = (idempotency, store = noopStore) => idempotency({ store })(handler);
+/** The guarded handler of a build's `idempotency` (node adapter), over a store that answers at once. */
+export const guarded = (idempotency) => idempotency({ store: noopStore })(handler);
 
 /** The loan handler behind a build's Express `idempotency` middleware, over the no-op store. */
 export const expressRoute = (idempotency) => [idempotency({ store: noopStore }), handler];

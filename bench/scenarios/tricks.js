@@ -34,10 +34,7 @@ const COUNT_BELOW_PERCENT = 2 * MIN_WIN_PERCENT;
  */
 const TRICKS = [
   { name: 'dictionary-mode', trick: 'toDictionaryMode on Express req/res', path: 'express' },
-  { name: 'held-weakmap', trick: 'Held found through a WeakMap, not a property of res', path: 'express' },
   { name: 'rawheaders-key', trick: 'key header read from rawHeaders', path: 'engine' },
-  { name: 'writehead-object', trick: 'headers given to writeHead in one object', path: 'replay' },
-  { name: 'withheader-loop', trick: 'withHeader copies by a loop, not a spread', path: 'replay' },
   {
     name: 'als-close-frame',
     trick: 'AsyncLocalStorage disabled with no transaction open',
@@ -48,7 +45,6 @@ const TRICKS = [
 
 const PATHS = {
   engine: 'fresh-key POST, node adapter, no-op store (in process)',
-  replay: 'replay of one key, node adapter, memory store (in process)',
   express: 'fresh-key POST, Express 5 + retrysafe/express, no-op store (in process)',
   'desk-sqlite': 'loan desk, SQLite atomic, fresh-key POST /loans (HTTP)',
   'desk-redis': 'loan desk, Redis store (lease), fresh-key POST /loans (HTTP)',
@@ -169,7 +165,7 @@ export async function run(ctx) {
 
   // In process: µs per request; the win is the share of the path's time without the trick that
   // it saves, median over slices each set against the unpatched build's slice of the same turn.
-  const inProcess = ['engine', 'replay', 'express'];
+  const inProcess = ['engine', 'express'];
   for (const kind of inProcess) {
     const tricks = TRICKS.filter((t) => t.path === kind);
     const contenders = [

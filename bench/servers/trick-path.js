@@ -1,6 +1,5 @@
 // One in-process path of the tricks scenario, served by the build under TRICK_ROOT (its dist/):
 //   engine   a fresh-key POST /loans through the node adapter, no-op store (lib/engine-exchange.js)
-//   replay   a replay of one completed key through the node adapter, memory store
 //   express  a fresh-key POST /loans through an Express 5 app and retrysafe/express, no-op store
 // Each build runs in a process of its own, so V8 optimizes node:http's and Express's code for that
 // build's objects alone, as in a server. `time` serves `count` requests and answers µs of this
@@ -13,26 +12,15 @@ import { serveCommands } from '../lib/proc.js';
 
 const root = process.env.TRICK_ROOT;
 const build = (entry) => import(pathToFileURL(path.join(root, 'dist', entry)).href);
-const REPLAYED = 'tricks-replayed-key';
 
 async function serverOf(kind) {
   if (kind === 'engine') return guarded((await build('adapters/node.js')).idempotency);
-  if (kind === 'replay') {
-    const { memoryStore } = await build('stores/memory.js');
-    const serve = guarded((await build('adapters/node.js')).idempotency, memoryStore());
-    // Every request carries the same key (before its headers are first read, as lib/exchange.js
-    // leaves them): the first one executes, the rest replay it.
-    return (req, res) => {
-      req.rawHeaders[3] = REPLAYED;
-      return serve(req, res);
-    };
-  }
   if (kind === 'express') {
     const app = express();
     app.post('/loans', ...expressRoute((await build('adapters/express.js')).idempotency));
     return app;
   }
-  throw new Error(`TRICK_PATH must be engine, replay or express; got ${kind}`);
+  throw new Error(`TRICK_PATH must be engine or express; got ${kind}`);
 }
 
 const serve = await serverOf(process.env.TRICK_PATH);
