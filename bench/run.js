@@ -21,6 +21,7 @@ const SCENARIOS = [
   'sqlite-drivers',
   'jobs',
   'orm',
+  'tricks',
   'instructions',
 ];
 

@@ -118,3 +118,39 @@ describe.skipIf(!hasMysql)('bench floor FLOOR=mysql', () => {
     await expectOneLoanPerKey(server.url, loans);
   });
 });
+
+// The SQLite floor is also the shipped desk's keyless reference: a POST with no key lends, alone in
+// one transaction, as the desk's keyless POST does.
+describe('bench floor FLOOR=sqlite', () => {
+  let server: { url: string; stop(): Promise<void> } | undefined;
+  const file = tempDatabaseUrl('floor');
+
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  it('lends once per key, and once per POST that carries no key', async () => {
+    const { startServer } = await import('../bench/lib/proc.js');
+    server = await startServer(FLOOR, { env: { FLOOR: 'sqlite', DATABASE_URL: file } });
+    const { default: Database } = await import('better-sqlite3');
+    const loans = async () => {
+      const db = new Database(file, { readonly: true });
+      try {
+        return (db.prepare('SELECT count(*) AS n FROM loan').get() as { n: number }).n;
+      } finally {
+        db.close();
+      }
+    };
+    await expectOneLoanPerKey(server.url, loans);
+    const keyless = () =>
+      fetch(`${server!.url}/loans`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(LOAN),
+      });
+    const [first, second] = [await keyless(), await keyless()];
+    expect([first.status, second.status]).toEqual([201, 201]);
+    expect((await first.json()).id).not.toBe((await second.json()).id);
+    expect(await loans()).toBe(3);
+  });
+});

@@ -41,3 +41,26 @@ describe.skipIf(!installed)('bench load generator', () => {
     expect(answered - atReturn).toBeLessThanOrEqual(CONNECTIONS);
   });
 });
+
+// The in-process exchange of the engine and tricks scenarios stands for a request off the wire:
+// whatever the adapter reads of its headers must be there, as node's HTTP parser leaves them.
+describe('bench in-process exchange', () => {
+  it('gives the request its headers as node parses them: headers, rawHeaders and headersDistinct', async () => {
+    const { exchange } = await import('../bench/lib/exchange.js');
+    let seen: Record<string, unknown> = {};
+    const status = await exchange(
+      (req, res) => {
+        seen = { headers: req.headers, raw: req.rawHeaders, distinct: { ...req.headersDistinct } };
+        res.writeHead(201).end();
+      },
+      'key-1',
+      Buffer.from('{}'),
+    );
+    expect(status).toBe(201);
+    expect(seen).toEqual({
+      headers: { 'content-type': 'application/json', 'idempotency-key': 'key-1' },
+      raw: ['Content-Type', 'application/json', 'Idempotency-Key', 'key-1'],
+      distinct: { 'content-type': ['application/json'], 'idempotency-key': ['key-1'] },
+    });
+  });
+});

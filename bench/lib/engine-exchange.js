@@ -45,6 +45,12 @@ export const SLICE = 250;
 /** Serves one request with `serve`; resolves when the response is done. */
 export const exchange = (serve, key) => exchangeOn(serve, key, BODY);
 
+/** The guarded handler of a build's `idempotency` (node adapter), over a store that answers at once. */
+export const guarded = (idempotency) => idempotency({ store: noopStore })(handler);
+
+/** The loan handler behind a build's Express `idempotency` middleware, over the no-op store. */
+export const expressRoute = (idempotency) => [idempotency({ store: noopStore }), handler];
+
 /**
  * The four handlers the engine scenario compares, built from a build's `idempotency` (node
  * adapter) and `idempotencyTelemetry` (otel): the bare handler, the guarded one, the guarded one
@@ -63,7 +69,7 @@ export function contenders({ idempotency, idempotencyTelemetry }) {
   });
   return {
     bare: bareHandler,
-    keyed: idempotency({ store: noopStore })(handler),
+    keyed: guarded(idempotency),
     events: idempotency({
       store: noopStore,
       onEvent: (event) => {

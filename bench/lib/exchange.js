@@ -23,8 +23,9 @@ export function exchange(serve, key, body) {
   const req = new IncomingMessage(/** @type {any} */ (socket));
   req.method = 'POST';
   req.url = '/loans';
-  req.rawHeaders = ['Content-Type', 'application/json', 'Idempotency-Key', key];
-  req.headers = { 'content-type': 'application/json', 'idempotency-key': key };
+  // As node's HTTP parser gives them: `headers` and `headersDistinct` are built from these on first read.
+  const raw = ['Content-Type', 'application/json', 'Idempotency-Key', key];
+  req._addHeaderLines(raw, raw.length);
   req.push(body);
   req.push(null);
   req.complete = true; // as the HTTP parser leaves a fully received request

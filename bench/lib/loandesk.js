@@ -23,10 +23,14 @@ export const VARIANTS = [
 export const LOAN = { member: 'U-1001', isbn: 'K-01', issuedAt: '2026-11-29' };
 
 /**
- * Starts the loan desk for one variant on its own fresh database (`env` on top, the rest of the
- * options to startServer); `count()` counts its loans.
+ * Starts the loan desk for one variant on its own fresh database (`env` on top, `desk` another copy
+ * of server.js, the rest of the options to startServer); `count()` counts its loans.
  */
-export async function startLoanDesk(ctx, variant, { tag = '', env: extraEnv = {}, ...start } = {}) {
+export async function startLoanDesk(
+  ctx,
+  variant,
+  { tag = '', env: extraEnv = {}, desk = LOAN_DESK, ...start } = {},
+) {
   const name = `${variant.id}${tag}`.replaceAll('-', '_');
   let databaseUrl;
   let count;
@@ -59,7 +63,7 @@ export async function startLoanDesk(ctx, variant, { tag = '', env: extraEnv = {}
   // Its Redis keys hold the request's key, and so the run id that cleanup() looks for.
   if (variant.driver) env.SQLITE_DRIVER = variant.driver;
   if (variant.store) env.IDEMPOTENCY_STORE = variant.store === 'redis' ? REDIS_URL : variant.store;
-  const server = await startServer(LOAN_DESK, { ...start, env, ipcReady: false });
+  const server = await startServer(desk, { ...start, env, ipcReady: false });
   return Object.assign(server, { countLoans: count, databaseUrl });
 }
 

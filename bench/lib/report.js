@@ -9,6 +9,33 @@ function table({ columns, rows }) {
   return lines.join('\n');
 }
 
+const thousands = (n) => `${Math.round(n / 1000)}k`;
+
+/**
+ * What a target carries beside its figure: its own detail, and for a missed desk ÷ floor target
+ * (`counted: { desk, floor }`) the instructions scenario's counts of that desk's fresh key against
+ * that floor's, when the run counted both.
+ */
+function besides(target, results) {
+  const parts = target.detail ? [target.detail] : [];
+  const counts = results.scenarios.instructions?.raw;
+  if (target.met === false && target.counted && counts) {
+    const desk = counts[target.counted.desk];
+    const floor = counts[`floor-${target.counted.floor}`];
+    const [ours, theirs] = [desk?.instructions?.fresh, floor?.instructions?.fresh];
+    if (Number.isFinite(ours) && Number.isFinite(theirs)) {
+      parts.push(`fresh key: ${thousands(ours)} vs the floor's ${thousands(theirs)} instructions`);
+    }
+    const [turns, floorTurns] = [desk?.turns?.fresh, floor?.turns?.fresh];
+    if (turns && floorTurns) {
+      parts.push(
+        `${turns.promises.toFixed(1)} vs ${floorTurns.promises.toFixed(1)} promises, ${turns.reactions.toFixed(1)} vs ${floorTurns.reactions.toFixed(1)} reaction jobs a request`,
+      );
+    }
+  }
+  return parts.join('; ') || null;
+}
+
 export function markdown(results) {
   const out = [
     `## Benchmarks — ${results.date}`,
@@ -27,11 +54,11 @@ export function markdown(results) {
     out.push('### Targets', '');
     out.push(
       table({
-        columns: ['figure', 'measured', 'target', 'met'],
+        columns: ['figure', 'measured', 'target', 'met', 'beside it (ours vs the floor’s)'],
         rows: targets.map((t) =>
           t.op === null
-            ? [t.name, t.value, 'informational', '—']
-            : [t.name, t.value, `${t.op} ${t.target}`, t.met ? 'yes' : '**no**'],
+            ? [t.name, t.value, 'informational', '—', besides(t, results)]
+            : [t.name, t.value, `${t.op} ${t.target}`, t.met ? 'yes' : '**no**', besides(t, results)],
         ),
       }),
       '',

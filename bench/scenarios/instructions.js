@@ -38,8 +38,18 @@ const PAIRS = [
 const FLOORS = ['sqlite', 'postgres', 'postgres-3rt', 'redis', 'cheapest'];
 const PATHS = ['fresh', 'replay', 'keyless'];
 
-/** Instructions (callgrind) per request of each path, for one server started by `start`. */
-async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) {
+/**
+ * Instructions (callgrind) per request of each path, for one server started by `start`;
+ * `driverOf(server)` sends it `n` requests of a path (by default the loan desk's driver).
+ */
+export async function instructionsPerRequest(
+  ctx,
+  id,
+  start,
+  paths,
+  { warmup, count },
+  driverOf = (server) => loanDriver(server.url, ctx.runId),
+) {
   const dir = path.join(ctx.tmpDir, `callgrind-${id}`);
   // Instrumentation starts after the warm-up: uninstrumented, valgrind runs it several times
   // faster, so the warm-up can be long enough for V8 to have compiled the request path (counted
@@ -56,7 +66,7 @@ async function instructionsPerRequest(ctx, id, start, paths, { warmup, count }) 
     startTimeoutMs: 300_000,
   });
   const pid = server.child.pid;
-  const load = loanDriver(server.url, ctx.runId);
+  const load = driverOf(server);
   try {
     const perRequest = {};
     const allThreads = {};

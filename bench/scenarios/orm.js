@@ -63,12 +63,15 @@ export async function run(ctx) {
     for (const orm of present) {
       const keyless = measured[`${orm}:keyless`];
       const keyed = measured[`${orm}:keyed`];
+      const name = `orm: ${orm} keyed ÷ keyless (atomic, PostgreSQL)`;
       if (!keyless || !keyed) {
         rows.push([orm, `unavailable: ${failed.get(orm)?.slice(0, 160)}`]);
+        // Still one row per ORM in the targets: a miss that says why it has no figure.
+        targets.push({ ...target(name, Number.NaN, '>=', GOAL), detail: 'not measured (see the ORM table)' });
         continue;
       }
       const ratio = keyed.rps / keyless.rps;
-      targets.push(target(`orm: ${orm} keyed ÷ keyless (atomic, PostgreSQL)`, ratio, '>=', GOAL));
+      targets.push(target(name, ratio, '>=', GOAL));
       rows.push([
         orm,
         Math.round(keyless.rps),

@@ -12,11 +12,22 @@ import { informational, measureSet, round2, target } from '../lib/measure.js';
 import { startAll, stopAll } from '../lib/proc.js';
 
 /**
- * Keyed ÷ floor goals of issue 25: SQLite atomic and Redis lease against the hand-written floor,
- * PostgreSQL atomic against the 3-round-trip structural floor (the shape a library must have).
+ * Keyed ÷ floor goals of issue 33: SQLite atomic (the desk as `npm start` runs it), MariaDB and
+ * Redis lease against the hand-written floor, PostgreSQL atomic against the 3-round-trip
+ * structural floor (the shape a library must have).
  */
-const FLOOR_GOALS = { 'sqlite-atomic': 0.85, redis: 0.95 };
+const FLOOR_GOALS = { 'sqlite-atomic': 0.8, 'mysql-atomic': 0.8, redis: 0.9 };
 const STRUCTURAL_GOALS = { 'postgres-atomic': 0.9 };
+/**
+ * The desk as `npm start` runs it (SQLite, atomic, receipts on) against the SQLite floor's own
+ * keyless POST (the loan alone in one transaction): keyless ÷ it ≥ 0.9, and the µs a key adds
+ * (1e6/keyed − 1e6/keyless req/s) at most 1.5 × the floor's, from the same interleaved rounds.
+ */
+const SHIPPED = 'sqlite-atomic';
+const KEYLESS_GOAL = 0.9;
+const ADDED_PER_KEY_GOAL = 1.5;
+/** The instructions scenario's counts of each desk against its floor, shown beside a miss. */
+const COUNTED_FLOOR = { 'sqlite-atomic': 'sqlite', 'postgres-atomic': 'postgres-3rt', redis: 'redis' };
 /**
  * The shipped desk sends each loan's receipt; this one sends none (its jobs wait in the outbox),
  * so keyed ÷ it is what sending receipts costs: issue 33 allows 10 %.
@@ -62,6 +73,12 @@ export async function run(ctx) {
           id: `${variant.id}:${kind}`,
           run: (durationS) => load({ url: floorUrl, body: LOAN, keyed: true, durationS }),
         });
+        if (variant.id === SHIPPED && kind === 'floor') {
+          entries.push({
+            id: `${variant.id}:floor-no-key`,
+            run: (durationS) => load({ url: floorUrl, body: LOAN, durationS }),
+          });
+        }
       }
     }
     const measured = entries.length ? await measureSet(entries, ctx) : {};
@@ -78,15 +95,39 @@ export async function run(ctx) {
       }
       const ofFloor = floor ? keyed.rps / floor.rps : Number.NaN;
       const floorGoal = FLOOR_GOALS[variant.id];
+      const counted = COUNTED_FLOOR[variant.id] && { desk: variant.id, floor: COUNTED_FLOOR[variant.id] };
       if (FLOOR_OF[variant.id]) {
         const name = `overhead: ${variant.label} keyed ÷ floor`;
-        targets.push(floorGoal ? target(name, ofFloor, '>=', floorGoal) : informational(name, ofFloor));
+        targets.push(
+          floorGoal ? { ...target(name, ofFloor, '>=', floorGoal), counted } : informational(name, ofFloor),
+        );
       }
       if (STRUCTURAL_FLOOR_OF[variant.id]) {
         const ofStructural = structural ? keyed.rps / structural.rps : Number.NaN;
         const name = `overhead: ${variant.label} keyed ÷ structural floor`;
         const goal = STRUCTURAL_GOALS[variant.id];
-        targets.push(goal ? target(name, ofStructural, '>=', goal) : informational(name, ofStructural));
+        targets.push(
+          goal ? { ...target(name, ofStructural, '>=', goal), counted } : informational(name, ofStructural),
+        );
+      }
+      const floorKeyless = measured[`${variant.id}:floor-no-key`];
+      if (variant.id === SHIPPED) {
+        const ofKeyless = floorKeyless ? base.rps / floorKeyless.rps : Number.NaN;
+        targets.push(
+          target(`overhead: ${variant.label} keyless ÷ the floor's keyless`, ofKeyless, '>=', KEYLESS_GOAL),
+        );
+        const ours = 1e6 / keyed.rps - 1e6 / base.rps;
+        const floors = floor && floorKeyless ? 1e6 / floor.rps - 1e6 / floorKeyless.rps : Number.NaN;
+        targets.push({
+          ...target(
+            `overhead: ${variant.label} µs added per key ÷ the floor's`,
+            ours / floors,
+            '<=',
+            ADDED_PER_KEY_GOAL,
+          ),
+          detail: `${round2(ours)} µs vs ${round2(floors)} µs a key (1e6/keyed − 1e6/keyless req/s)`,
+          counted,
+        });
       }
       rows.push([
         variant.label,
@@ -99,7 +140,8 @@ export async function run(ctx) {
         structural ? round2(keyed.rps / structural.rps) : null,
         `${round2(base.p50Ms)} / ${round2(keyed.p50Ms)}${floor ? ` / ${round2(floor.p50Ms)}` : ''}`,
         `${round2(base.p99Ms)} / ${round2(keyed.p99Ms)}${floor ? ` / ${round2(floor.p99Ms)}` : ''}`,
-        `${base.non2xx + keyed.non2xx + (floor?.non2xx ?? 0)}/${base.errors + keyed.errors + (floor?.errors ?? 0)}`,
+        floorKeyless ? Math.round(floorKeyless.rps) : null,
+        `${base.non2xx + keyed.non2xx + (floor?.non2xx ?? 0) + (floorKeyless?.non2xx ?? 0)}/${base.errors + keyed.errors + (floor?.errors ?? 0) + (floorKeyless?.errors ?? 0)}`,
       ]);
     }
     const [sent, unsent] = [measured['sqlite-atomic:key'], measured[`${RECEIPTS_OFF.id}:key`]];
@@ -122,14 +164,15 @@ export async function run(ctx) {
           'keyed ÷ structural floor',
           'p50 ms (no key / key / floor)',
           'p99 ms (no key / key / floor)',
+          'floor no key req/s',
           'non-2xx/errors',
         ],
         rows,
       },
       notes: [
         `examples/library-loans/server.js per configuration, as \`npm start\` runs it (receipts and the completer on), body ${JSON.stringify(LOAN)}; no-key and keyed runs hit the same server process, interleaved with the floor's. The RECEIPTS=0 row is the SQLite atomic desk sending no receipts: the shipped row ÷ it is what sending them costs.`,
-        'Floors (bench/servers/floor.js): the same validation and guarantee written by hand with no library. SQLite: one BEGIN IMMEDIATE with claim, loan and stored response. PostgreSQL: claim, loan and response in one statement (one round trip). MariaDB: BEGIN, INSERT IGNORE of the claim, the loan, the response, COMMIT (5 round trips; the store takes 7: the lock-wait bound set and reset around its claim; it reads the row back only when the claim met one). Redis: SET NX PX, the loan in SQLite, SET of the response.',
-        "Structural floor (PostgreSQL, FLOOR=postgres-3rt): the structure a library must have, since the handler is code of its own between the claim and the saved response: BEGIN with the claim, the loan as the handler's statement, the response with COMMIT; 3 round trips (pg's pipeline mode), named statements. PostgreSQL atomic's goal (issue 25) is against it; keyed ÷ the one-statement floor is listed for information, as is MariaDB's.",
+        "Floors (bench/servers/floor.js): the same validation and guarantee written by hand with no library. SQLite: one BEGIN IMMEDIATE with claim, loan and stored response; its POST with no key (the shipped desk's keyless reference) the loan alone in one BEGIN IMMEDIATE. PostgreSQL: claim, loan and response in one statement (one round trip). MariaDB: BEGIN, INSERT IGNORE of the claim, the loan, the response, COMMIT (5 round trips; the store takes 7: the lock-wait bound set and reset around its claim; it reads the row back only when the claim met one). Redis: SET NX PX, the loan in SQLite, SET of the response.",
+        "Structural floor (PostgreSQL, FLOOR=postgres-3rt): the structure a library must have, since the handler is code of its own between the claim and the saved response: BEGIN with the claim, the loan as the handler's statement, the response with COMMIT; 3 round trips (pg's pipeline mode), named statements. PostgreSQL atomic's goal (issues 25 and 33) is against it; keyed ÷ the one-statement floor is listed for information.",
       ],
       targets,
       raw: measured,

@@ -1,7 +1,8 @@
 // The floors: the least hand-written code that gives POST /loans the same validation and the same
 // retry guarantee as the loan desk with retrysafe, and no library. They are what "close to the
 // limit" means in the benchmark report. FLOOR picks one:
-//   sqlite    one BEGIN IMMEDIATE: claim, loan, stored response, COMMIT (cached statements)
+//   sqlite    one BEGIN IMMEDIATE: claim, loan, stored response, COMMIT (cached statements); a
+//             POST with no key: the loan alone in one BEGIN IMMEDIATE (the desk's keyless POST)
 //   postgres  one statement: claim with the response, the loan, in one round trip; a read to replay
 //   postgres-3rt  a library's structure: BEGIN + claim, the handler's loan, response + COMMIT (3 trips)
 //   mysql     BEGIN, INSERT IGNORE claim, the loan, the response, COMMIT (MySQL/MariaDB, one
@@ -104,12 +105,14 @@ function sqliteFloor(filename) {
     save.run(answer.status, answer.body, answer.location, scope, key);
     return { answer };
   }).immediate;
-  return async (res, scope, key, fp, loan) => {
+  const lendAlone = db.transaction(lend).immediate;
+  const guarded = async (res, scope, key, fp, loan) => {
     const result = run(scope, key, fp, loan);
     if (result.answer) return sendStored(res, result.answer, false);
     if (result.existing.fp !== fp) return conflict(res);
     sendStored(res, result.existing, true);
   };
+  return Object.assign(guarded, { keyless: (res, loan) => sendStored(res, lendAlone(loan), false) });
 }
 
 /**
@@ -358,10 +361,12 @@ const server = http.createServer(async (req, res) => {
     const body = await readBody(req);
     if (floor === 'cheapest') return send(res, 201, CONSTANT_201);
     const header = req.headers['idempotency-key'];
-    if (header === undefined || !KEY.test(header))
+    const keyless = header === undefined && guarded.keyless;
+    if (!keyless && (header === undefined || !KEY.test(header)))
       return send(res, 400, '{"error":"idempotency_key_invalid"}');
     const { loan, problem } = parseLoan(body);
     if (problem) return send(res, 400, JSON.stringify(problem));
+    if (keyless) return guarded.keyless(res, loan);
     const credential = req.headers.authorization;
     const scope = credential ? createHash('sha256').update(credential).digest('base64url') : 'anonymous';
     const fp = createHash('sha256').update(`POST /loans\n`).update(body).digest('hex');

@@ -8,7 +8,6 @@ import type {
   ResponseCollector,
   StoredResponse,
 } from '../../core/index.js';
-import { withHeader } from '../../core/response/index.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 
@@ -83,7 +82,10 @@ export function send(res: ServerResponse, response: StoredResponse): void {
   answer(res, response.status, response.headers, response.body);
 }
 
-/** Writes status, headers (besides those already on `res`) and body, the length declared. */
+/**
+ * Writes status, headers (besides those already on `res`) and body, the length declared unless
+ * `res` already declares one.
+ */
 function answer(
   res: ServerResponse,
   status: number,
@@ -92,17 +94,9 @@ function answer(
 ): void {
   if (res.headersSent) return;
   const declare = !withoutLength(status) && !res.hasHeader('content-length');
-  if (headers === undefined) {
-    if (declare) res.setHeader('content-length', body.byteLength);
-    res.writeHead(status);
-  }
-  // In writeHead's headers rather than set before: on a response with no header set yet, node
-  // then writes them as given instead of setting (and checking) each one on the response first.
-  else
-    res.writeHead(
-      status,
-      declare ? withHeader<string | number>(headers, 'content-length', body.byteLength) : headers,
-    );
+  for (const name in headers) res.setHeader(name, headers[name] as string);
+  if (declare) res.setHeader('content-length', body.byteLength);
+  res.writeHead(status);
   res.end(body);
 }
 
@@ -234,16 +228,13 @@ export function internalError(res: ServerResponse, error: unknown): void {
   );
 }
 
-type HoldingResponse = ServerResponse;
-
-// Not a property of `res`: Express swaps the prototype of every `res`, after which V8 copies its
-// map for each property added to it, and a profile of the Express app shows each one.
-const holding = new WeakMap<ServerResponse, Held>();
+const HELD = Symbol('retrysafe.held');
+type HoldingResponse = ServerResponse & { [HELD]?: Held };
 
 /**
  * A handler's response held back on `res`: the methods it replaced (put back when the response
  * ends) and the collector its body goes to. The replacements are shared functions that find this
- * in `holding`, so holding a response costs one object rather than a closure per method.
+ * on the response (`res[HELD]`), so holding a response costs one object rather than a closure per method.
  */
 class Held {
   readonly writeHead: ServerResponse['writeHead'];
@@ -261,7 +252,7 @@ class Held {
     this.writeHead = res.writeHead;
     this.write = res.write;
     this.end = res.end;
-    holding.set(res, this);
+    res[HELD] = this;
     res.writeHead = heldWriteHead as ServerResponse['writeHead'];
     res.write = heldWrite as ServerResponse['write'];
     res.end = heldEnd as ServerResponse['end'];
@@ -277,7 +268,7 @@ class Held {
     res.end = this.end;
     res.off('close', heldGone);
     res.off('unpipe', heldUnpiped);
-    holding.delete(res);
+    res[HELD] = undefined;
   }
 
   keep(res: HoldingResponse, chunk: unknown, encoding: unknown): void {
@@ -311,7 +302,7 @@ function heldWriteHead(this: HoldingResponse, status: number, ...rest: unknown[]
 }
 
 function heldWrite(this: HoldingResponse, chunk: unknown, encoding?: unknown, callback?: unknown): boolean {
-  const held = holding.get(this) as Held;
+  const held = this[HELD] as Held;
   if (held.collector.state === 'stream') {
     return held.write.call(this, chunk as never, encoding as never, callback as never);
   }
@@ -327,7 +318,7 @@ function heldEnd(
   encoding?: unknown,
   callback?: unknown,
 ): ServerResponse {
-  const held = holding.get(this) as Held;
+  const held = this[HELD] as Held;
   const wasStreaming = held.collector.state === 'stream';
   if (!wasStreaming) held.keep(this, chunk, encoding);
   held.restore(this);
@@ -339,7 +330,7 @@ function heldEnd(
 }
 
 function heldUnpiped(this: HoldingResponse): void {
-  (holding.get(this) as Held).abandoned = true;
+  (this[HELD] as Held).abandoned = true;
   heldGone.call(this);
 }
 
@@ -352,7 +343,7 @@ function heldUnpiped(this: HoldingResponse): void {
  * saved for the client's retry, which must not run it a second time meanwhile.
  */
 function heldGone(this: HoldingResponse): void {
-  const held = holding.get(this) as Held;
+  const held = this[HELD] as Held;
   if (!this.destroyed || (held.collector.state !== 'stream' && !held.abandoned)) return;
   held.restore(this);
   held.resolve({

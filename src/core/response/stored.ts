@@ -32,16 +32,9 @@ export function toStored(config: ResponseShaping, response: StoredResponse): Sto
   };
 }
 
-/**
- * A copy of `headers` with `name` set to `value`. V8 takes about 0.5 µs to add a hyphenated name to
- * a copy made by spreading (`{ ...headers, [name]: value }`), ten times this loop (measured on
- * Node 20), and a replay adds two. Names keep their order, as with the spread.
- */
+/** A copy of `headers` with `name` set to `value`. */
 export function withHeader<V>(headers: Record<string, V>, name: string, value: V): Record<string, V> {
-  const copy: Record<string, V> = {};
-  for (const header of Object.keys(headers)) copy[header] = headers[header] as V;
-  copy[name] = value;
-  return copy;
+  return { ...headers, [name]: value };
 }
 
 /** The headers every answer to a request keyed `key` carries besides its own: `echoKey`'s. */
