@@ -219,6 +219,18 @@ describe('sqliteStore atomic request path', () => {
 });
 
 describe('sqliteStore setup', () => {
+  it.each(DRIVERS)(
+    'opens its file in WAL with synchronous NORMAL on %s: no fsync per commit, as better-sqlite3 is built',
+    async (driver) => {
+      const store = sqliteStore({ url: tempFile(), driver, migrate: true });
+      const pragma = (name: string) =>
+        Object.values(store.database.prepare(`PRAGMA ${name}`).get() as object)[0];
+      expect(pragma('journal_mode')).toBe('wal');
+      expect(pragma('synchronous')).toBe(1);
+      await store.close();
+    },
+  );
+
   it('opens its file in WAL mode with a table keyed by (scope, key) and an index on expires_at_ms', async () => {
     const store = sqliteStore({ url: tempFile(), driver: 'better-sqlite3' });
     await store.migrate();
