@@ -9,7 +9,6 @@ import { idempotency } from '../src/adapters/express.js';
 import type { IdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import {
-  badKeyOnLargeUpload,
   describeAdapterConformance,
   listen,
   type RunningApp,
@@ -17,7 +16,7 @@ import {
   uploadFromAnotherThread,
 } from '../src/testing/adapter-suite.js';
 import { type Express, express4, expressAdapter } from './conformance/apps/express.js';
-import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
+import { badKeyOnLargeUpload, describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { catalogPage, RETRIES_WITHOUT_GZIP } from './support/compression.js';
 import { memory, postgres, sqlite } from './support/store-factories.js';
 

@@ -4,14 +4,9 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/koa.js';
 import type { IdempotencyError } from '../src/core/contract/index.js';
 import { memoryStore } from '../src/stores/memory.js';
-import {
-  badKeyOnLargeUpload,
-  describeAdapterConformance,
-  listen,
-  type RunningApp,
-} from '../src/testing/adapter-suite.js';
+import { describeAdapterConformance, listen, type RunningApp } from '../src/testing/adapter-suite.js';
 import { Koa2, koaAdapter } from './conformance/apps/koa.js';
-import { describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
+import { badKeyOnLargeUpload, describeAdapterSpecifics, postJson } from './support/adapter-specifics.js';
 import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 
 describeAdapterConformance(koaAdapter('koa 3 (@koa/bodyparser first)', Koa3, true), [

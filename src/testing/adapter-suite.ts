@@ -6,21 +6,18 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createIdempotency } from '../core/adapter.js';
 import type { IdempotencyEvent } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import { type IdempotencyOptions, IETF_DRAFT_ERRORS_URL } from '../core/options/index.js';
+import { credentialScope } from '../core/request/index.js';
 import {
   type AbandonedRecord,
   type ClaimInput,
   type IdempotencyStore,
   isAtomicStore,
-} from '../core/contract/index.js';
-import {
-  createIdempotency,
-  credentialScope,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  IETF_DRAFT_ERRORS_URL,
-} from '../core/index.js';
-import { exchange, type RawOutcome } from './raw-http.js';
+} from '../core/store.js';
+import { exchange } from './raw-http.js';
 
 /**
  * A store to run tests against, one of each kind below: `open` makes a new one on data of its
@@ -389,32 +386,6 @@ async function until(condition: () => boolean, what: string): Promise<void> {
     await sleep(10);
   }
   throw new Error(`timed out waiting for ${what}`);
-}
-
-/**
- * Three POSTs with the key header twice and a 900 KiB body written in three pieces, each its
- * status (or how it failed). Found by the adapter fuzz (test/fuzz): a key refused before the body
- * was read, the connection closed on unread bytes and was reset, so the 400 was lost.
- */
-export async function badKeyOnLargeUpload(app: RunningApp): Promise<Array<number | RawOutcome>> {
-  const statuses: Array<number | RawOutcome> = [];
-  for (let i = 0; i < 3; i++) {
-    const outcome = await exchange(Number(new URL(app.url).port), {
-      method: 'POST',
-      target: '/orders',
-      headers: [
-        ['Idempotency-Key', 'a'],
-        ['Idempotency-Key', 'b'],
-        ['Content-Type', 'application/json'],
-      ],
-      body: Buffer.from(JSON.stringify({ pad: 'x'.repeat(900 * 1024) })),
-      framing: { kind: 'length' },
-      cuts: [0.01, 0.5],
-      hangUp: { at: 'never' },
-    });
-    statuses.push(outcome.kind === 'reply' ? outcome.reply.status : outcome);
-  }
-  return statuses;
 }
 
 /**

@@ -2,6 +2,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { ConfigError, type IdempotencyStore } from '../../src/core/contract/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
 import type { RunningApp } from '../../src/testing/adapter-suite.js';
+import { exchange, type RawOutcome } from '../../src/testing/raw-http.js';
 
 /**
  * An adapter's own tests, beside the conformance suite: one memory store for the block, the apps
@@ -41,4 +42,30 @@ export async function postJson(app: RunningApp, path: string, key?: string) {
     body: '{"a":1}',
   });
   return { status: res.status, headers: res.headers, text: await res.text() };
+}
+
+/**
+ * Three POSTs with the key header twice and a 900 KiB body written in three pieces, each its
+ * status (or how it failed). Found by the adapter fuzz (test/fuzz): a key refused before the body
+ * was read, the connection closed on unread bytes and was reset, so the 400 was lost.
+ */
+export async function badKeyOnLargeUpload(app: RunningApp): Promise<Array<number | RawOutcome>> {
+  const statuses: Array<number | RawOutcome> = [];
+  for (let i = 0; i < 3; i++) {
+    const outcome = await exchange(Number(new URL(app.url).port), {
+      method: 'POST',
+      target: '/orders',
+      headers: [
+        ['Idempotency-Key', 'a'],
+        ['Idempotency-Key', 'b'],
+        ['Content-Type', 'application/json'],
+      ],
+      body: Buffer.from(JSON.stringify({ pad: 'x'.repeat(900 * 1024) })),
+      framing: { kind: 'length' },
+      cuts: [0.01, 0.5],
+      hangUp: { at: 'never' },
+    });
+    statuses.push(outcome.kind === 'reply' ? outcome.reply.status : outcome);
+  }
+  return statuses;
 }

@@ -1,4 +1,4 @@
-import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/index.js';
+import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/adapter.js';
 import { feed, keptThenRest, type ReadChunk } from './overflow.js';
 
 // Response capture and replay shared by the adapters that see Web-standard Request/Response
