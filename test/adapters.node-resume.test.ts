@@ -5,7 +5,8 @@ import type { AddressInfo } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/node.js';
-import { type IdempotencyStore, resumeAbandoned } from '../src/core/index.js';
+import { resumeAbandoned } from '../src/core/index.js';
+import type { IdempotencyStore } from '../src/core/store.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { memory, mysql, postgres, redis, sqlite } from './support/store-factories.js';
 

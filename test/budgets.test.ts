@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { exchange } from '../bench/lib/exchange.js';
 import { idempotency } from '../src/adapters/node.js';
-import type { IdempotencyStore } from '../src/core/index.js';
+import type { IdempotencyStore } from '../src/core/store.js';
 import { countTurns, type PromiseTurns } from './support/promise-turns.js';
 import { memory, postgres, redis, sqlite } from './support/store-factories.js';
 

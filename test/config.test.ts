@@ -1,3 +1,5 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
@@ -8,7 +10,8 @@ import { idempotency as koaIdempotency } from '../src/adapters/koa.js';
 import { IdempotencyInterceptor } from '../src/adapters/nestjs.js';
 import { idempotency as nodeIdempotency } from '../src/adapters/node.js';
 import { createRetryingFetch } from '../src/client/index.js';
-import { ConfigError, createIdempotency, RetrysafeError } from '../src/core/index.js';
+import { createIdempotency } from '../src/core/adapter.js';
+import { ConfigError, idempotency as misplacedIdempotency, RetrysafeError } from '../src/core/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';
@@ -106,5 +109,33 @@ describe('every configuration error is a ConfigError', () => {
   ])('%s', (_, make) => {
     expect(make).toThrow(ConfigError);
     expect(make).toThrow(RetrysafeError);
+  });
+});
+
+describe("idempotency() imported from 'retrysafe' instead of a framework's entry", () => {
+  const call = () => misplacedIdempotency({ store } as never);
+  const root = join(import.meta.dirname, '..');
+  const { exports } = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as {
+    exports: Record<string, unknown>;
+  };
+  // Every framework binding (src/adapters/*.ts), by the subpath a user imports it from.
+  const bindings = readdirSync(join(root, 'src/adapters'))
+    .filter((file) => file.endsWith('.ts'))
+    .map((file) => `retrysafe/${file.slice(0, -'.ts'.length)}`);
+
+  it('throws a ConfigError naming the entry of every framework binding, each a subpath the package exports', () => {
+    expect(call).toThrow(ConfigError);
+    let message = '';
+    try {
+      call();
+    } catch (error) {
+      message = (error as Error).message;
+    }
+    expect(bindings.length).toBeGreaterThan(8);
+    for (const subpath of bindings) {
+      expect(message).toContain(`'${subpath}'`);
+      expect(exports).toHaveProperty([subpath.replace(/^retrysafe/, '.')]);
+    }
+    expect(message).toContain('https://github.com/retrysafe/retrysafe#quick-start');
   });
 });

@@ -6,11 +6,11 @@ import { idempotency } from '../src/adapters/node.js';
 import {
   ConfigError,
   type IdempotencyEvent,
-  type IdempotencyStore,
   idempotent,
   isIdempotencyError,
   storeCircuit,
 } from '../src/core/index.js';
+import type { IdempotencyStore } from '../src/core/store.js';
 import { memoryStore } from '../src/stores/memory.js';
 
 /** A memory store whose calls fail (throw, or hang past `storeTimeout`) while `down` says so, counted. */

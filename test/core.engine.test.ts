@@ -1,15 +1,9 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import {
-  type CapturedResponse,
-  ConfigError,
-  createIdempotency,
-  type IdempotencyOptions,
-  type IdempotencyStore,
-  IETF_DRAFT_ERRORS_URL,
-  type StoredResponse,
-} from '../src/core/index.js';
+import { type CapturedResponse, createIdempotency } from '../src/core/adapter.js';
+import { ConfigError, type IdempotencyOptions, IETF_DRAFT_ERRORS_URL } from '../src/core/index.js';
+import type { IdempotencyStore, StoredResponse } from '../src/core/store.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postRequest as request } from '../src/testing/engine-request.js';
 import { signal } from '../src/testing/signal.js';

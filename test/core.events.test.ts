@@ -1,15 +1,9 @@
 import { randomBytes } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import {
-  type AtomicStore,
-  type CapturedResponse,
-  createIdempotency,
-  type IdempotencyEvent,
-  type IdempotencyOptions,
-  type IdempotencyStore,
-  type StoredResponse,
-} from '../src/core/index.js';
+import { type CapturedResponse, createIdempotency } from '../src/core/adapter.js';
+import type { IdempotencyEvent, IdempotencyOptions } from '../src/core/index.js';
+import type { AtomicStore, IdempotencyStore, StoredResponse } from '../src/core/store.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from '../src/testing/engine-request.js';

@@ -1,17 +1,15 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
+import { type CapturedResponse, createIdempotency, type Outcome } from '../src/core/adapter.js';
 import {
-  type CapturedResponse,
-  createIdempotency,
   type IdempotencyContext,
   type IdempotencyEvent,
   type IdempotencyOptions,
-  type IdempotencyStore,
-  type Outcome,
   resumeAbandoned,
   startCompleter,
 } from '../src/core/index.js';
+import type { IdempotencyStore } from '../src/core/store.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postRequest } from '../src/testing/engine-request.js';
 

@@ -4,13 +4,9 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import {
-  type CapturedResponse,
-  ConfigError,
-  createIdempotency,
-  type IdempotencyStore,
-  isAtomicStore,
-} from '../src/core/index.js';
+import { type CapturedResponse, createIdempotency } from '../src/core/adapter.js';
+import { ConfigError } from '../src/core/index.js';
+import { type IdempotencyStore, isAtomicStore } from '../src/core/store.js';
 import { memoryStore } from '../src/stores/memory.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { redisStore } from '../src/stores/redis/index.js';

@@ -4,12 +4,8 @@ import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import pg from 'pg';
 import { afterAll, describe, expect, it } from 'vitest';
-import {
-  type CapturedResponse,
-  createIdempotency,
-  type IdempotencyStore,
-  type Outcome,
-} from '../src/core/index.js';
+import { type CapturedResponse, createIdempotency, type Outcome } from '../src/core/adapter.js';
+import type { IdempotencyStore } from '../src/core/store.js';
 import { postgresStore } from '../src/stores/postgres/index.js';
 import { sqliteStore } from '../src/stores/sqlite/index.js';
 import { postRequest } from '../src/testing/engine-request.js';

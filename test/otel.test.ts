@@ -14,8 +14,9 @@ import {
   SimpleSpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { createIdempotency } from '../src/core/adapter.js';
 import type { IdempotencyEvent, IdempotencyEventListener } from '../src/core/contract/index.js';
-import { createIdempotency, idempotent } from '../src/core/index.js';
+import { idempotent } from '../src/core/index.js';
 import { idempotencyTelemetry } from '../src/otel/index.js';
 import { memoryStore } from '../src/stores/memory.js';
 

@@ -173,21 +173,47 @@ describe('an ES-module JavaScript project', () => {
     await serveWithNode(dir, `${name}.js`, check);
   });
 
-  it('a misspelt option fails at once, naming the option meant', () => {
-    writeFileSync(
-      join(dir, 'typo.js'),
+  it.each([
+    [
+      'a misspelt option',
       "import { memoryStore } from 'retrysafe/memory';\nimport { idempotency } from 'retrysafe/express';\n" +
         'idempotency({ store: memoryStore(), requried: true });\n',
-    );
+      /ConfigError: retrysafe: express idempotency\(\) has no option `requried`\. Did you mean `required`\?/,
+    ],
+    [
+      "idempotency() imported from 'retrysafe', not from a framework's entry,",
+      "import { idempotency } from 'retrysafe';\nimport { memoryStore } from 'retrysafe/memory';\n" +
+        'idempotency({ store: memoryStore() });\n',
+      /ConfigError: retrysafe: idempotency\(\) is not in 'retrysafe'; import it from your framework's entry: 'retrysafe\/express'/,
+    ],
+  ])('%s fails at once, saying what was meant', (_, source, message) => {
+    writeFileSync(join(dir, 'mistaken.js'), source);
     let stderr = '';
     try {
-      run(process.execPath, ['typo.js'], dir);
+      run(process.execPath, ['mistaken.js'], dir);
     } catch (error) {
       stderr = String((error as { stderr?: string }).stderr);
     }
-    expect(stderr).toMatch(
-      /ConfigError: retrysafe: express idempotency\(\) has no option `requried`\. Did you mean `required`\?/,
+    expect(stderr).toMatch(message);
+  });
+
+  it("'retrysafe' is the application's API; a binding's plumbing is in retrysafe/adapter, the store contract in retrysafe/store", () => {
+    writeFileSync(
+      join(dir, 'faces.js'),
+      'const names = async (subpath) => Object.keys(await import(subpath));\n' +
+        "console.log(JSON.stringify(await Promise.all(['retrysafe', 'retrysafe/adapter', 'retrysafe/store'].map(names))));\n",
     );
+    const [app, adapter, store] = JSON.parse(run(process.execPath, ['faces.js'], dir)) as [
+      string[],
+      string[],
+      string[],
+    ];
+    expect(app).toEqual(
+      expect.arrayContaining(['idempotent', 'startCompleter', 'credentialScope', 'ConfigError']),
+    );
+    expect(adapter).toEqual(['createIdempotency', 'fingerprint', 'parseIdempotencyKey', 'parsedBody']);
+    expect(store).toEqual(['MAX_LIST_LIMIT', 'isAtomicStore', 'isPhaseStore']);
+    for (const plumbing of [...adapter, ...store]) expect(app).not.toContain(plumbing);
   });
 });
 
@@ -203,6 +229,36 @@ describe('a strict TypeScript project (module nodenext)', () => {
     const tsc = join(dir, 'node_modules/typescript/bin/tsc');
     const options = { noUncheckedIndexedAccess: true, skipLibCheck: false, outDir: 'out' };
     expect(typeCheckAsUser(dir, tsc, options, ['*.ts'])).toBe('');
+  });
+
+  it("types a binding of one's own from retrysafe/adapter and a store from retrysafe/store; idempotency() from 'retrysafe' does not compile", {
+    timeout: 120_000,
+  }, () => {
+    const faces = join(dir, 'faces');
+    mkdirSync(faces, { recursive: true });
+    writeFileSync(
+      join(faces, 'faces.ts'),
+      [
+        "import { idempotency, type IdempotencyOptions } from 'retrysafe';",
+        "import { createIdempotency, type IncomingRequest, type Outcome } from 'retrysafe/adapter';",
+        "import { type IdempotencyStore, MAX_LIST_LIMIT } from 'retrysafe/store';",
+        "import { memoryStore } from 'retrysafe/memory';",
+        'const store: IdempotencyStore = memoryStore();',
+        'const options: IdempotencyOptions = { store };',
+        'export const handle = (request: IncomingRequest): Promise<Outcome> =>',
+        '  createIdempotency(options).handle(request, async () => ({ status: 204, headers: {}, body: new Uint8Array(), complete: true }));',
+        'export const limit: number = MAX_LIST_LIMIT;',
+        'idempotency({ store });',
+        '',
+      ].join('\n'),
+    );
+    const tsc = join(dir, 'node_modules/typescript/bin/tsc');
+    const output = typeCheckAsUser(faces, tsc, { noEmit: true, skipLibCheck: false }, ['faces.ts']);
+    expect(output.trim().split('\n')).toEqual([
+      expect.stringMatching(
+        /^faces\.ts\(10,13\): error TS2345: .*"idempotency\(\) is not in 'retrysafe': import it from your framework's entry, e\.g\. 'retrysafe\/express' \(README: Quick start\)"/,
+      ),
+    ]);
   });
 
   it.each(TYPESCRIPT_FRAMEWORKS)(

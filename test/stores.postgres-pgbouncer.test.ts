@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import type { AtomicWorkResult } from '../src/core/index.js';
+import type { AtomicWorkResult } from '../src/core/store.js';
 import { type PostgresStore, postgresStore } from '../src/stores/postgres/index.js';
 import { describeStoreConformance } from '../src/testing/store-suite.js';
 import { hasPgBouncer, type PgBouncer, startPgBouncer } from './support/pgbouncer.js';

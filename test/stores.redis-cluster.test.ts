@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import { type CapturedResponse, createIdempotency } from '../src/core/index.js';
+import { type CapturedResponse, createIdempotency } from '../src/core/adapter.js';
 import { ReplicationError, redisStore } from '../src/stores/redis/index.js';
 import { postRequest } from '../src/testing/engine-request.js';
 import { describeStoreConformance } from '../src/testing/store-suite.js';

@@ -1,14 +1,9 @@
 import type { OutgoingHttpHeaders } from 'node:http';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
-import {
-  createIdempotency,
-  type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  parsedBody,
-  type RegisteredTx,
-  type RequestBody,
-} from '../core/index.js';
+import { createIdempotency, type Idempotency, parsedBody, type RequestBody } from '../core/adapter.js';
+import type { RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   capture,
   clearForAnswer,

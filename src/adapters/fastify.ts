@@ -10,18 +10,20 @@ import fastifyPlugin from 'fastify-plugin';
 import {
   type AbandonedRecord,
   type CapturedResponse,
-  ConfigError,
   createIdempotency,
   type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyError,
-  type IdempotencyOptions,
   type Outcome,
-  type RegisteredTx,
   type ResponseCollector,
-  RetrysafeError,
   type StoredResponse,
-} from '../core/index.js';
+} from '../core/adapter.js';
+import {
+  ConfigError,
+  type IdempotencyError,
+  type RegisteredTx,
+  RetrysafeError,
+} from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   type AdapterOptions,
   captureBody,

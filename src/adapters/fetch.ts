@@ -1,10 +1,7 @@
-import {
-  createIdempotency,
-  type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  type RegisteredTx,
-} from '../core/index.js';
+import { createIdempotency, type Idempotency } from '../core/adapter.js';
+import type { RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   captureWebResponse,
   dropUnreadBody,

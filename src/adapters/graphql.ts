@@ -13,11 +13,11 @@ import {
 } from 'graphql';
 import {
   ConfigError,
-  type IdempotencyContext,
   type IdempotencyError,
   isIdempotencyError,
   type RegisteredTx,
-} from '../core/index.js';
+} from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
 import {
   type HeaderGetter,
   type MutationGuard,

@@ -1,13 +1,10 @@
 import type { Context, MiddlewareHandler } from 'hono';
 import { HTTPException } from 'hono/http-exception';
 import type { ContentfulStatusCode } from 'hono/utils/http-status';
-import {
-  createIdempotency,
-  type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  type RegisteredTx,
-} from '../core/index.js';
+import { createIdempotency, type Idempotency } from '../core/adapter.js';
+import type { RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   captureWebResponse,
   dropUnreadBody,

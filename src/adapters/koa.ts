@@ -1,17 +1,17 @@
 import type { OutgoingHttpHeaders } from 'node:http';
 import { Readable } from 'node:stream';
 import type { Context, Middleware } from 'koa';
-import type { ResponseCollector } from '../core/index.js';
 import {
   createIdempotency,
   type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
   parsedBody,
-  type RegisteredTx,
   type RequestBody,
+  type ResponseCollector,
   type StoredResponse,
-} from '../core/index.js';
+} from '../core/adapter.js';
+import type { RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   captureBody,
   clearForAnswer,

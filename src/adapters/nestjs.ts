@@ -15,14 +15,13 @@ import { Observable, type Subscriber } from 'rxjs';
 import {
   createIdempotency,
   type Idempotency,
-  type IdempotencyContext,
-  type IdempotencyError,
-  type IdempotencyOptions,
   parsedBody,
-  type RegisteredTx,
   type RequestBody,
   type StoredResponse,
-} from '../core/index.js';
+} from '../core/adapter.js';
+import type { IdempotencyError, RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   capture,
   clearForAnswer,

@@ -1,5 +1,6 @@
 import { randomUUID } from 'node:crypto';
-import { ConfigError, type IdempotencyContext, type RegisteredTx } from '../core/index.js';
+import { ConfigError, type RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
 import { type MutationIdempotencyOptions, mutationGuard } from './kit/mutation.js';
 
 /**

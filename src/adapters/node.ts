@@ -3,13 +3,12 @@ import { Socket } from 'node:net';
 import {
   type AbandonedRecord,
   createIdempotency,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  isIdempotencyError,
   type Outcome,
-  type RegisteredTx,
   type ResumedRequest,
-} from '../core/index.js';
+} from '../core/adapter.js';
+import { isIdempotencyError, type RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
 import {
   capture,
   clearForAnswer,

@@ -1,11 +1,6 @@
 import { TRPCError, type TRPCMiddlewareFunction } from '@trpc/server';
-import {
-  ConfigError,
-  ErrorCode,
-  type IdempotencyContext,
-  isIdempotencyError,
-  type RegisteredTx,
-} from '../core/index.js';
+import { ConfigError, ErrorCode, isIdempotencyError, type RegisteredTx } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
 import {
   type HeaderGetter,
   type MutationIdempotencyOptions,

@@ -1,3 +1,8 @@
+// `retrysafe`: what an application's code uses. A framework binding's plumbing is in ./adapter.ts
+// (`retrysafe/adapter`), the store contract in ./store.ts (`retrysafe/store`).
+// Imports in src/ outside src/core: a name from the face for authors of that kind (src/adapters:
+// ./adapter.ts, src/stores: ./store.ts, src/testing: the faces of what it tests), as an outside
+// author would; else from the core module defining it; never ./index.ts (a store never loads the engine).
 export type {
   CircuitEvent,
   ConflictEvent,
@@ -20,54 +25,29 @@ export type {
   WaitedEvent,
 } from './contract/index.js';
 export {
-  type AbandonedOptions,
-  type AbandonedRecord,
-  type AdminStore,
-  type AtomicResult,
-  type AtomicStore,
-  type AtomicWorkResult,
-  type ClaimInput,
-  type ClaimResult,
   ConfigError,
   ErrorCode,
   eventDetail,
-  type GetKeyOptions,
   IdempotencyError,
-  type IdempotencyStore,
-  isAtomicStore,
   isIdempotencyError,
-  isPhaseStore,
   isStepFenced,
   isTransactionEnded,
-  type KeyPage,
-  type KeyRecord,
-  type KeyRecordSummary,
-  type ListKeysOptions,
-  MAX_LIST_LIMIT,
-  type PhaseStore,
   type Register,
   type RegisteredTx,
-  type RequestStore,
   RetrysafeError,
-  type SavedStep,
   StepFencedError,
-  type StepStore,
-  type StoredResponse,
   TransactionEndedError,
 } from './contract/index.js';
 export {
   type CircuitState,
   type CompleterOptions,
-  createIdempotency,
-  type Idempotency,
   type IdempotencyContext,
-  type Outcome,
-  type ResumedRequest,
   resumeAbandoned,
   type StartCompleterOptions,
   startCompleter,
   storeCircuit,
 } from './engine/index.js';
+export { idempotency } from './framework-entry.js';
 export { type IdempotentOptions, type IdempotentRun, idempotent } from './jobs/index.js';
 export {
   DEFAULT_REPLAY_HEADERS,
@@ -78,25 +58,5 @@ export {
   parseDuration,
   REPLAYED_HEADER,
 } from './options/index.js';
-export {
-  credentialScope,
-  type FingerprintBody,
-  type FingerprintInput,
-  fingerprint,
-  type IncomingRequest,
-  type KeyBounds,
-  type ParsedBody,
-  type ParsedKey,
-  parsedBody,
-  parseIdempotencyKey,
-  type RequestBody,
-} from './request/index.js';
-export type {
-  CapturedResponse,
-  CollectorState,
-  EncryptionKey,
-  HeaderReader,
-  ResponseCollector,
-  StoredResponseView,
-} from './response/index.js';
-export { storedResponseView } from './response/index.js';
+export { credentialScope, type FingerprintBody } from './request/index.js';
+export { type EncryptionKey, type StoredResponseView, storedResponseView } from './response/index.js';

@@ -1,5 +1,5 @@
-import type { AtomicResult, ClaimInput, StoredResponse } from '../core/contract/index.js';
 import { timerMs } from '../core/options/index.js';
+import type { AtomicResult, ClaimInput, StoredResponse } from '../core/store.js';
 
 interface Settled {
   fingerprint: string;

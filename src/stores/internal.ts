@@ -1,9 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { ConfigError } from '../core/contract/index.js';
+import { timerMs } from '../core/options/index.js';
 import {
   type AbandonedOptions,
   type AbandonedRecord,
-  ConfigError,
   type GetKeyOptions,
   type KeyPage,
   type KeyRecord,
@@ -11,8 +12,7 @@ import {
   type ListKeysOptions,
   MAX_LIST_LIMIT,
   type SavedStep,
-} from '../core/contract/index.js';
-import { timerMs } from '../core/options/index.js';
+} from '../core/store.js';
 
 export const DEFAULT_PURGE_BATCH_SIZE = 1000;
 export const DEFAULT_LIST_LIMIT = 100;

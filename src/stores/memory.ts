@@ -1,3 +1,5 @@
+import { RetrysafeError } from '../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
 import type {
   AbandonedOptions,
   AbandonedRecord,
@@ -10,9 +12,7 @@ import type {
   ListKeysOptions,
   SavedStep,
   StoredResponse,
-} from '../core/contract/index.js';
-import { RetrysafeError } from '../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../core/options/index.js';
+} from '../core/store.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,

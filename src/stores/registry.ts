@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
-import { ConfigError, type IdempotencyStore } from '../core/contract/index.js';
+import { ConfigError } from '../core/contract/index.js';
+import type { IdempotencyStore } from '../core/store.js';
 
 /** The engines a SQL store runs on, each named by the URL of its database. */
 export type SqlEngine = 'postgres' | 'mysql' | 'sqlite';

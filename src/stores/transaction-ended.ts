@@ -1,5 +1,5 @@
-import type { StoredResponse } from '../core/contract/index.js';
 import { TransactionEndedError } from '../core/contract/index.js';
+import type { StoredResponse } from '../core/store.js';
 
 /**
  * What the record of a key keeps when its handler ended the operation's transaction itself: its

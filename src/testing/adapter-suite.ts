@@ -6,20 +6,17 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Worker } from 'node:worker_threads';
 import { gzipSync } from 'node:zlib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createIdempotency } from '../core/adapter.js';
 import type { IdempotencyEvent } from '../core/contract/index.js';
+import type { IdempotencyContext } from '../core/engine/index.js';
+import { type IdempotencyOptions, IETF_DRAFT_ERRORS_URL } from '../core/options/index.js';
+import { credentialScope } from '../core/request/index.js';
 import {
   type AbandonedRecord,
   type ClaimInput,
   type IdempotencyStore,
   isAtomicStore,
-} from '../core/contract/index.js';
-import {
-  createIdempotency,
-  credentialScope,
-  type IdempotencyContext,
-  type IdempotencyOptions,
-  IETF_DRAFT_ERRORS_URL,
-} from '../core/index.js';
+} from '../core/store.js';
 import { exchange, type RawOutcome, type RawRequest } from './raw-http.js';
 
 /**

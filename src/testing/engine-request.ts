@@ -1,4 +1,4 @@
-import type { IncomingRequest } from '../core/index.js';
+import type { IncomingRequest } from '../core/adapter.js';
 
 /** A `POST /loans` as an adapter hands it to the engine, with `key` and a JSON `body`. */
 export function postRequest<Raw = Record<string, never>>(

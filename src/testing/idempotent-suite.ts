@@ -2,13 +2,9 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import fc from 'fast-check';
 import { beforeAll, describe, expect, it } from 'vitest';
-import {
-  type IdempotencyEvent,
-  type IdempotencyStore,
-  type IdempotentOptions,
-  idempotent,
-  isAtomicStore,
-} from '../core/index.js';
+import type { IdempotencyEvent } from '../core/contract/index.js';
+import { type IdempotentOptions, idempotent } from '../core/jobs/index.js';
+import { type IdempotencyStore, isAtomicStore } from '../core/store.js';
 import { signal } from './signal.js';
 import { type AtomicProbe, type StoreUnderTest, useStoreUnderTest } from './store-suite.js';
 

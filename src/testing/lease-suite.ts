@@ -1,13 +1,10 @@
 import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { describe, expect, it } from 'vitest';
-import type { IdempotencyEvent, IdempotencyStore } from '../core/contract/index.js';
-import {
-  type CapturedResponse,
-  createIdempotency,
-  type IdempotencyOptions,
-  type Outcome,
-} from '../core/index.js';
+import { type CapturedResponse, createIdempotency, type Outcome } from '../core/adapter.js';
+import type { IdempotencyEvent } from '../core/contract/index.js';
+import type { IdempotencyOptions } from '../core/options/index.js';
+import type { IdempotencyStore } from '../core/store.js';
 import { postRequest } from './engine-request.js';
 
 /** The store with `renew` answering false: its renewals are lost, as when the store was unreachable. */

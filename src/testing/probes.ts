@@ -7,7 +7,7 @@ import type {
   ClaimResult,
   IdempotencyStore,
   PhaseStore,
-} from '../core/contract/index.js';
+} from '../core/store.js';
 import { memoryStore } from '../stores/memory.js';
 import { type SqliteDatabase, sqliteStore } from '../stores/sqlite/index.js';
 import type { StoreUnderTest } from './store-suite.js';

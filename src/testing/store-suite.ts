@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { setTimeout as sleep } from 'node:timers/promises';
 import fc from 'fast-check';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { isTransactionEnded } from '../core/contract/index.js';
 import {
   type AtomicResult,
   type AtomicStore,
@@ -11,13 +12,12 @@ import {
   type IdempotencyStore,
   isAtomicStore,
   isPhaseStore,
-  isTransactionEnded,
   type KeyRecordSummary,
   MAX_LIST_LIMIT,
   type PhaseStore,
   type SavedStep,
   type StoredResponse,
-} from '../core/contract/index.js';
+} from '../core/store.js';
 import { describeLeaseRenewal } from './lease-suite.js';
 import { expectWaitWokenBy } from './wait.js';
 

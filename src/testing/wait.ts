@@ -1,6 +1,6 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import { expect } from 'vitest';
-import type { IdempotencyStore } from '../core/contract/index.js';
+import type { IdempotencyStore } from '../core/store.js';
 
 /**
  * Starts a wait on `(scope, key)` of `store`, gives it `settleMs` to settle in, then runs `change`:

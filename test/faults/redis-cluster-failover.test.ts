@@ -1,7 +1,7 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { Redis } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
-import type { ClaimInput, IdempotencyStore, StoredResponse } from '../../src/core/index.js';
+import type { ClaimInput, IdempotencyStore, StoredResponse } from '../../src/core/store.js';
 import { type RedisStoreOptions, redisStore } from '../../src/stores/redis/index.js';
 import {
   clusterClient,

@@ -35,7 +35,7 @@ import {
   RetrysafeModule,
 } from '../../src/adapters/nestjs.js';
 import { type NodeIdempotencyOptions, idempotency as nodeIdempotency } from '../../src/adapters/node.js';
-import type { AtomicStore, IdempotencyStore } from '../../src/core/index.js';
+import type { AtomicStore, IdempotencyStore } from '../../src/core/store.js';
 import { postgresStore } from '../../src/stores/postgres/index.js';
 
 type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;

@@ -8,7 +8,8 @@ import { idempotency as expressIdempotency } from '../../src/adapters/express.js
 import { idempotency as fastifyIdempotency } from '../../src/adapters/fastify.js';
 import { idempotency as honoIdempotency } from '../../src/adapters/hono.js';
 import { idempotency as nodeIdempotency } from '../../src/adapters/node.js';
-import { createIdempotency, type Duration } from '../../src/core/index.js';
+import { createIdempotency } from '../../src/core/adapter.js';
+import { type Duration, idempotency as misplacedIdempotency } from '../../src/core/index.js';
 import { memoryStore } from '../../src/stores/memory.js';
 import { type SqliteDatabase, sqliteStore } from '../../src/stores/sqlite/index.js';
 
@@ -26,6 +27,14 @@ createIdempotency({ store, ttl: '7d', lease: '10 s', wait: 250, storeTimeout: '5
 createIdempotency({ store, ttl: '7dd' });
 // @ts-expect-error 'soon' is not a duration
 const soon: Duration = 'soon';
+
+// `idempotency` from 'retrysafe' (not a framework's entry) does not compile, its parameter's type
+// saying where it lives.
+// @ts-expect-error idempotency() comes from a framework's entry, e.g. 'retrysafe/express'
+misplacedIdempotency({ store });
+assertType<
+  Parameters<typeof misplacedIdempotency>[0] extends `${string}'retrysafe/express'${string}` ? true : false
+>(true);
 
 // Hono: `c.get('idempotency')` compiles with `app.use` (ContextVariableMap), and a route that
 // names the middleware sees the store's transaction type.

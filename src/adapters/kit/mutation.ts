@@ -1,16 +1,9 @@
-import {
-  ConfigError,
-  credentialScope,
-  ErrorCode,
-  type IdempotencyContext,
-  IdempotencyError,
-  type IdempotentOptions,
-  idempotent,
-  parseIdempotencyKey,
-} from '../../core/index.js';
-import { IDEMPOTENT_OPTION_NAMES } from '../../core/jobs/index.js';
+import { parseIdempotencyKey } from '../../core/adapter.js';
+import { ConfigError, ErrorCode, IdempotencyError } from '../../core/contract/index.js';
+import type { IdempotencyContext } from '../../core/engine/index.js';
+import { IDEMPOTENT_OPTION_NAMES, type IdempotentOptions, idempotent } from '../../core/jobs/index.js';
 import { checkOptions } from '../../core/options/index.js';
-import { checkScopeSecret } from '../../core/request/index.js';
+import { checkScopeSecret, credentialScope } from '../../core/request/index.js';
 import { keyInvalid, keyMissing } from '../../core/response/index.js';
 
 /** What a mutation guard hands `idempotent()`: the claim's key, scope and fingerprinted part. */

@@ -3,11 +3,11 @@ import type { IncomingMessage, OutgoingHttpHeaders, ServerResponse } from 'node:
 import type {
   CapturedResponse,
   Idempotency,
-  IdempotencyError,
   Outcome,
   ResponseCollector,
   StoredResponse,
-} from '../../core/index.js';
+} from '../../core/adapter.js';
+import type { IdempotencyError } from '../../core/contract/index.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 

@@ -1,4 +1,4 @@
-import { ConfigError } from '../../core/index.js';
+import { ConfigError } from '../../core/contract/index.js';
 import { checkOptions, ENGINE_OPTION_NAMES } from '../../core/options/index.js';
 
 /** The option every adapter that has an error path of its own adds to the engine's. */

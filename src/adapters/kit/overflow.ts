@@ -1,4 +1,4 @@
-import type { CollectorState, ResponseCollector } from '../../core/index.js';
+import type { CollectorState, ResponseCollector } from '../../core/adapter.js';
 
 // A handler's body read chunk by chunk into the engine's collector, and what goes out once it
 // outgrew `maxResponseBytes`: shared by the adapters that read the body as a stream (Fastify's

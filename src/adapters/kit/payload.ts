@@ -1,5 +1,6 @@
 import { Readable } from 'node:stream';
-import { type ResponseCollector, RetrysafeError } from '../../core/index.js';
+import type { ResponseCollector } from '../../core/adapter.js';
+import { RetrysafeError } from '../../core/contract/index.js';
 import { feed, keptThenRest, type ReadChunk } from './overflow.js';
 
 // Response capture shared by the adapters that see the response as a payload before it is

@@ -1,16 +1,16 @@
 import { randomUUID } from 'node:crypto';
 import { IncomingMessage, ServerResponse } from 'node:http';
 import { Socket } from 'node:net';
-import {
-  type AbandonedRecord,
-  type CapturedResponse,
-  type Idempotency,
-  type IdempotencyContext,
-  type Outcome,
-  type ResponseCollector,
-  type ResumedRequest,
-  RetrysafeError,
-} from '../../core/index.js';
+import type {
+  AbandonedRecord,
+  CapturedResponse,
+  Idempotency,
+  Outcome,
+  ResponseCollector,
+  ResumedRequest,
+} from '../../core/adapter.js';
+import { RetrysafeError } from '../../core/contract/index.js';
+import type { IdempotencyContext } from '../../core/engine/index.js';
 import { capture, sendAnswer } from './node-http.js';
 
 // The completer's way through an application: a saved request is dispatched through the app

@@ -1,4 +1,4 @@
-import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/index.js';
+import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/adapter.js';
 import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './node-http.js';
 import { feed, keptThenRest, type ReadChunk } from './overflow.js';
 

@@ -7,14 +7,16 @@ export interface CompleterOptions {
   /** The store the guarded handlers save to. */
   store: IdempotencyStore;
   /**
-   * Re-drives one abandoned record through the application's guarded handler, e.g. the node
-   * adapter's `guarded.resume`, or `engine.resume(record, run)`. It claims the record with the
-   * normal fencing, so of many processes resuming one record, one runs it.
+   * Re-drives one abandoned record through the application: an HTTP adapter's
+   * `idem.resumeThrough(app)` (its middleware, the guard and the route's handler run as for the
+   * client's request), or in a binding of your own `engine.resume(record, run)` (the engine of
+   * `createIdempotency`, `retrysafe/adapter`). It claims the record with the normal fencing, so of
+   * many processes resuming one record, one runs it.
    */
   resume: (record: AbandonedRecord, signal: AbortSignal) => Promise<unknown>;
   /**
-   * How long one resume may run. Past it (or at `stop()`) `signal` aborts: `guarded.resume` and
-   * `engine.resume` then stop renewing the operation's lease and end it, so a later pass (or the
+   * How long one resume may run. Past it (or at `stop()`) `signal` aborts: `resumeThrough(app)`
+   * and `engine.resume` then stop renewing the operation's lease and end it, so a later pass (or the
    * client's retry) takes it over, and the completer goes on with the next record. A `resume`
    * that ignores `signal` is no longer waited for, but keeps its lease while it runs.
    * @default '30s'
@@ -42,7 +44,7 @@ export interface StartCompleterOptions extends CompleterOptions {
  * One completer pass: resumes, one after another, the records `store.abandoned` lists (in progress,
  * lease passed, a saved request). Resolves with how many it handed to `resume`.
  * @example
- * await resumeAbandoned({ store, resume: (record, signal) => guarded.resume(record, signal) });
+ * await resumeAbandoned({ store, resume: idem.resumeThrough(app) });
  */
 export async function resumeAbandoned(options: CompleterOptions, stopping?: AbortSignal): Promise<number> {
   const timeoutMs = toMs('resumeTimeout', options.resumeTimeout ?? '30s', { min: 1 });
@@ -93,11 +95,9 @@ async function resumeWithin(
  * `stop()`, which aborts the resume under way (its `signal`) and resolves once the pass has ended:
  * within the store's `abandoned` call at most, never after a hung resume.
  * @example
- * const completer = startCompleter({
- *   store,
- *   resume: (record, signal) => guarded.resume(record, signal),
- *   interval: '2s',
- * });
+ * const idem = idempotency({ store, route: 'POST /fines' }); // retrysafe/express
+ * app.post('/fines', express.json(), idem, chargeFine);
+ * const completer = startCompleter({ store, resume: idem.resumeThrough(app), interval: '2s' });
  * process.on('SIGTERM', () => completer.stop());
  */
 export function startCompleter(options: StartCompleterOptions): { stop(): Promise<void> } {

@@ -1,3 +1,5 @@
+import { RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames } from '../../core/options/index.js';
 import type {
   AbandonedOptions,
   ClaimInput,
@@ -9,9 +11,7 @@ import type {
   ListKeysOptions,
   SavedStep,
   StoredResponse,
-} from '../../core/contract/index.js';
-import { RetrysafeError } from '../../core/contract/index.js';
-import { checkOptions, optionNames } from '../../core/options/index.js';
+} from '../../core/store.js';
 import {
   type AbandonedRow,
   abandonedLimit,

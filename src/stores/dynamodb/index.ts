@@ -14,6 +14,8 @@ import {
   UpdateTimeToLiveCommand,
   waitUntilTableExists,
 } from '@aws-sdk/client-dynamodb';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames } from '../../core/options/index.js';
 import type {
   AbandonedOptions,
   AbandonedRecord,
@@ -27,9 +29,7 @@ import type {
   ListKeysOptions,
   SavedStep,
   StoredResponse,
-} from '../../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
-import { checkOptions, optionNames } from '../../core/options/index.js';
+} from '../../core/store.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,

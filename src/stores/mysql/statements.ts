@@ -1,4 +1,4 @@
-import type { ClaimInput, ClaimResult } from '../../core/contract/index.js';
+import type { ClaimInput, ClaimResult } from '../../core/store.js';
 import { RESPONSE_COLUMNS, stepsOf, toBuffer } from '../internal.js';
 
 // UTC_TIMESTAMP, unlike NOW(), ignores the session's time zone (and its DST gaps); it is fixed

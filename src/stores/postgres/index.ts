@@ -1,7 +1,7 @@
 import pg from 'pg';
-import type { AtomicStore, PhaseStore } from '../../core/contract/index.js';
 import { ConfigError } from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+import type { AtomicStore, PhaseStore } from '../../core/store.js';
 import { requirePositiveInteger } from '../internal.js';
 import { pgDriver } from '../sql/drivers/pg.js';
 import { sqlStore } from '../sql/store.js';

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { ClaimInput, ClaimResult, SavedStep } from '../../core/contract/index.js';
+import type { ClaimInput, ClaimResult, SavedStep } from '../../core/store.js';
 import { RESPONSE_COLUMNS, SUMMARY_COLUMNS, stepsOf } from '../internal.js';
 
 /** Now on the database server's clock, in ms: every time a store compares comes from it. */

@@ -1,4 +1,6 @@
 import { Cluster, Redis } from 'ioredis';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import type {
   AbandonedRecord,
   ClaimResult,
@@ -6,9 +8,7 @@ import type {
   KeyRecordSummary,
   SavedStep,
   StoredResponse,
-} from '../../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+} from '../../core/store.js';
 import {
   abandonedLimit,
   DEFAULT_PURGE_BATCH_SIZE,

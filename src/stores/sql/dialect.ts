@@ -1,4 +1,4 @@
-import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from '../../core/contract/index.js';
+import type { ClaimInput, ClaimResult, SavedStep, StoredResponse } from '../../core/store.js';
 import type { SqlResult, SqlStatement, StatementBound } from './driver.js';
 
 /** One statement in the driver's placeholders, with its values. */

@@ -1,4 +1,6 @@
 import { createHash } from 'node:crypto';
+import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
+import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
 import type {
   AtomicResult,
   AtomicStore,
@@ -7,9 +9,7 @@ import type {
   PhaseStore,
   SavedStep,
   StoredResponse,
-} from '../../core/contract/index.js';
-import { ConfigError, RetrysafeError } from '../../core/contract/index.js';
-import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+} from '../../core/store.js';
 import { atomicInFlight } from '../in-flight.js';
 import {
   type AbandonedRow,

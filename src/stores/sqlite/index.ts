@@ -1,8 +1,8 @@
 import { setTimeout as sleep } from 'node:timers/promises';
 import type Database from 'better-sqlite3';
-import type { AtomicStore, PhaseStore } from '../../core/contract/index.js';
 import { ConfigError } from '../../core/contract/index.js';
 import { checkOptions, optionNames, timerMs } from '../../core/options/index.js';
+import type { AtomicStore, PhaseStore } from '../../core/store.js';
 import { pacedDeletes, purgeInBatches, requirePositiveInteger } from '../internal.js';
 import { sqlStore } from '../sql/store.js';
 import { walCheckpointer } from './checkpoint.js';

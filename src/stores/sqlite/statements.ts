@@ -1,4 +1,4 @@
-import type { ClaimInput, ClaimResult } from '../../core/contract/index.js';
+import type { ClaimInput, ClaimResult } from '../../core/store.js';
 import { RESPONSE_COLUMNS, SUMMARY_COLUMNS, stepsOf } from '../internal.js';
 
 /**

@@ -1,5 +1,5 @@
 import { randomUUID } from 'node:crypto';
-import type { ClaimInput, ClaimResult, StoredResponse } from '../../../core/contract/index.js';
+import type { ClaimInput, ClaimResult, StoredResponse } from '../../../core/store.js';
 import { BLOCKED_RETRY_AFTER_MS } from '../../in-flight.js';
 import { toBuffer } from '../../internal.js';
 import { identifier, mysqlMigrationSql } from '../../mysql/migrate.js';

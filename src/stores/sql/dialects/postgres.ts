@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import type { ClaimInput, StoredResponse } from '../../../core/contract/index.js';
+import type { ClaimInput, StoredResponse } from '../../../core/store.js';
 import { BLOCKED_RETRY_AFTER_MS } from '../../in-flight.js';
 import { toBuffer } from '../../internal.js';
 import { identifier, migrateIn } from '../../postgres/migrate.js';

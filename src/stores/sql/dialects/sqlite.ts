@@ -1,4 +1,4 @@
-import type { ClaimInput, ClaimResult, StoredResponse } from '../../../core/contract/index.js';
+import type { ClaimInput, ClaimResult, StoredResponse } from '../../../core/store.js';
 import { newToken } from '../../internal.js';
 import { sqliteMigrationSql, stepColumnsSql, tableColumnsSql, tableName } from '../../sqlite/migrate.js';
 import {
