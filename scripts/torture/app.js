@@ -80,6 +80,10 @@ async function open() {
   const pg = (await import('pg')).default;
   const pool = new pg.Pool({ connectionString: EFFECT_URL, max: 4 });
   pool.on('error', () => {});
+  // A client Drizzle checks out for a transaction (atomic mode: the whole request) has no 'error'
+  // listener, and one whose connection ends meanwhile would crash the process (drizzle-orm#3908);
+  // its queries reject all the same. docs/reference.md ("With your ORM") asks this of apps.
+  pool.on('connect', (client) => client.on('error', () => {}));
   await pool.query(EFFECT_DDL.postgres);
   const writeOn = async (row, client) => (await client.query(numbered(UPSERT), row)).rows[0];
   if (STORE === 'drizzle') {

@@ -5,7 +5,8 @@
 //                               [--apps 3] [--clients 8] [--out bench/results/torture.md]
 //   node scripts/torture/run.js --check FILE    judge a kept history again
 //
-// Exits 1 when any history has an anomaly; each such history is kept as JSON beside --out.
+// Exits 1 when any history has an anomaly (each such history is kept as JSON beside --out) or an
+// app process crashed (exited by itself: an unhandled error).
 import { spawn } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -16,6 +17,7 @@ import { createRetryingFetch, isRetryBudgetExceededError } from 'retrysafe/clien
 import { freePort } from '../../bench/lib/proc.js';
 import { createFaultProxy } from '../../examples/library-loans/faults/fault-proxy.js';
 import { check, RULES } from './checker.js';
+import { stopServers } from './servers.js';
 import { TARGETS } from './targets.js';
 
 const APP = path.join(import.meta.dirname, 'app.js');
@@ -40,11 +42,21 @@ const CALL_DEADLINE_MS = 20_000;
 const START_ATTEMPTS = 20;
 /** Rates of the HTTP fault proxy in front of each app (client ↔ app loss). */
 const HTTP_FAULTS = { refuseRate: 0.03, dropRate: 0.05, delayRate: 0.05, delayMs: 300 };
+/**
+ * Faults that must land, one at a time (a turn that finds the last one still going is skipped): the
+ * run fails when one does not. A lock or a kill that meets a server being restarted (or a
+ * connection ended) may fail: that is the schedule crossing itself.
+ */
+const MUST_LAND = new Set(['db-restart', 'master-kill']);
 
-/** An app process, restartable on its port; SIGKILLed by the schedule. */
+/**
+ * An app process, restartable on its port; SIGKILLed by the schedule. `crashes` lists the exits
+ * it made by itself after it served (an unhandled error), with what it printed last.
+ */
 function appProcess(index, port, env) {
   let child;
   let exited = Promise.resolve();
+  const crashes = [];
   const startOnce = async () => {
     const skew = SKEWS[index % SKEWS.length];
     const [command, args] = skew
@@ -57,11 +69,18 @@ function appProcess(index, port, env) {
       detached: true,
     });
     let output = '';
+    let serving = false;
     exited = new Promise((resolve) => child.once('exit', resolve));
+    child.once('exit', (code, signal) => {
+      if (serving && signal !== 'SIGKILL') crashes.push(`exit ${code ?? signal}: ${output.slice(-600)}`);
+    });
     await new Promise((resolve, reject) => {
       child.stdout.on('data', (text) => {
         output += text;
-        if (output.includes('listening')) resolve();
+        if (output.includes('listening')) {
+          serving = true;
+          resolve();
+        }
       });
       child.stderr.on('data', (text) => (output += text));
       child.once('exit', (code) =>
@@ -85,6 +104,7 @@ function appProcess(index, port, env) {
     name: `app${index}${SKEWS[index % SKEWS.length] ?? ''}`,
     /** Where clients reach it: the HTTP fault proxy in front of it. */
     proxyPort: 0,
+    crashes,
     start,
     async kill() {
       try {
@@ -239,11 +259,13 @@ export async function tortureOne(
       for (const kind of kinds) faults[kind] ??= 0;
       const pending = [];
       const restarting = new Set();
+      const landing = new Set();
       // A short run still gives each kind its turn.
       const everyMs = Math.min(FAULT_EVERY_MS, durationMs / (kinds.length + 1));
       for (let turn = 0; turn < kinds.length || Date.now() < endAtMs - everyMs; turn++) {
         await sleep(everyMs);
         const kind = kinds[turn % kinds.length];
+        if (landing.has(kind)) continue;
         faults[kind]++;
         if (kind === 'app-sigkill') {
           // One restart at a time per app: a second kill would race the first one's start for its port.
@@ -263,7 +285,18 @@ export async function tortureOne(
           target.proxy.delay(200);
           pending.push(sleep(faultSpanMs).then(() => target.proxy.delay(0)));
         } else if (kind === 'link-stall') target.proxy.stall(faultSpanMs);
-        else pending.push(Promise.resolve(target.faults[kind](faultSpanMs)).catch(() => {}));
+        else {
+          const landed = Promise.resolve(target.faults[kind](faultSpanMs));
+          if (MUST_LAND.has(kind)) {
+            landing.add(kind);
+            // Its failure is handled here and thrown by the Promise.all below.
+            landed.then(
+              () => landing.delete(kind),
+              () => {},
+            );
+            pending.push(landed);
+          } else pending.push(landed.catch(() => {}));
+        }
       }
       await Promise.all(pending);
     };
@@ -291,7 +324,8 @@ export async function tortureOne(
     faults['http refused'] = httpStats.refused;
     faults['http answer lost'] = httpStats.dropped;
     faults['http answer late'] = httpStats.delayed;
-    return { store: storeName, mode, attempts, effects: await target.effects(), faults };
+    const crashes = apps.flatMap((app) => app.crashes.map((crash) => `${app.name} ${crash}`));
+    return { store: storeName, mode, attempts, effects: await target.effects(), faults, crashes };
   } finally {
     for (const app of apps) await app?.kill();
     for (const proxy of proxies) await proxy.close();
@@ -325,6 +359,7 @@ export function table(rows) {
     're-executions',
     'answered again',
     ...kinds,
+    'app crashes',
     'anomalies',
   ];
   const lines = [`| ${header.join(' | ')} |`, `|${header.map(() => '---').join('|')}|`];
@@ -338,6 +373,7 @@ export function table(rows) {
       verdict.reExecutions,
       verdict.answeredAgain,
       ...kinds.map((kind) => history.faults[kind] ?? '—'),
+      history.crashes?.length ?? '—',
       verdict.anomalies.length,
     ];
     lines.push(`| ${cells.join(' | ')} |`);
@@ -353,6 +389,8 @@ function printAnomalies(rows) {
       );
     }
     if (kept) console.error(`history kept: ${kept} (node scripts/torture/run.js --check ${kept})`);
+    for (const crash of history.crashes ?? [])
+      console.error(`${history.store}/${history.mode} crashed: ${crash}`);
   }
 }
 
@@ -381,12 +419,17 @@ async function main() {
     clients: Number(values.clients),
   };
   const histories = [];
-  for (const store of values.stores.split(',')) {
-    if (!TARGETS[store]) throw new Error(`unknown store ${store}: one of ${Object.keys(TARGETS).join(', ')}`);
-    for (const mode of TARGETS[store].modes.filter((m) => values.modes.split(',').includes(m))) {
-      console.log(`torture: ${store} ${mode} for ${values.duration} s`);
-      histories.push(await tortureOne(store, mode, options));
+  try {
+    for (const store of values.stores.split(',')) {
+      if (!TARGETS[store])
+        throw new Error(`unknown store ${store}: one of ${Object.keys(TARGETS).join(', ')}`);
+      for (const mode of TARGETS[store].modes.filter((m) => values.modes.split(',').includes(m))) {
+        console.log(`torture: ${store} ${mode} for ${values.duration} s`);
+        histories.push(await tortureOne(store, mode, options));
+      }
     }
+  } finally {
+    await stopServers();
   }
   const rows = judge(histories, path.join(path.dirname(values.out), 'torture-histories'));
   const text = `# Torture run\n\n${new Date().toISOString()}: ${values.duration} s per store and mode, ${values.apps} app processes, ${values.clients} retrying clients (\`npm run torture\`, scripts/torture/run.js).\n\n${table(rows)}\n\nRules: ${Object.values(RULES).join('; ')}.\n`;
@@ -394,7 +437,8 @@ async function main() {
   writeFileSync(values.out, text);
   console.log(text);
   printAnomalies(rows);
-  process.exitCode = rows.some((row) => row.verdict.anomalies.length > 0) ? 1 : 0;
+  const failed = rows.some(({ history, verdict }) => verdict.anomalies.length + history.crashes.length > 0);
+  process.exitCode = failed ? 1 : 0;
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) await main();

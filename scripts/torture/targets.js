@@ -1,6 +1,7 @@
-// The stores of the torture run: for each, a private place on the shared services (a database, a
-// file, a key prefix), how to reach it through the run's TCP proxy, and the handles the schedule's
-// faults need (end the app's connections, lock the effect table) and the checker needs (effects).
+// The stores of the torture run: for each, a private place (a database, a file, a key prefix) on
+// the run's own servers (servers.js), how to reach it through the run's TCP proxy, and the handles
+// the schedule's faults need (end the app's connections, lock the effect table, restart the
+// server, kill a cluster master) and the checker needs (effects).
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -11,12 +12,11 @@ import { Redis } from 'ioredis';
 import mysql from 'mysql2/promise';
 import pg from 'pg';
 import { startPgBouncer } from '../../test/support/pgbouncer-process.js';
+import { privateMariadb, privatePostgres, privateRedis, privateRedisCluster } from './servers.js';
 import { startTcpProxy } from './tcp-proxy.js';
 
-const PG_URL = process.env.RETRYSAFE_TEST_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
-const MYSQL_URL = process.env.RETRYSAFE_TEST_MYSQL_URL ?? 'mysql://root@127.0.0.1:3306/test';
-const REDIS_URL = process.env.RETRYSAFE_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
-const REDIS_CLUSTER_NODES = Array.from({ length: 6 }, (_, i) => `127.0.0.1:${7100 + i}`);
+/** How long a restarted server stays down before it is started again. */
+const RESTART_PAUSE_MS = 500;
 
 const EFFECT_COLUMNS = 'scope, idem_key, item, id, runs';
 const uniqueName = () => `rs_torture_${process.pid}_${randomBytes(4).toString('hex')}`;
@@ -47,15 +47,19 @@ async function onePg(url, use) {
   }
 }
 
-/** A private PostgreSQL database on the shared server, and the faults that reach it. */
+/** A database of its own on the run's PostgreSQL, and the faults that reach it. */
 async function postgresDatabase() {
+  const { url: serverUrl, restart } = await privatePostgres();
   const name = uniqueName();
-  await onePg(PG_URL, (admin) => admin.query(`CREATE DATABASE "${name}"`));
-  const url = withPort(PG_URL, new URL(PG_URL).port || 5432, name);
+  await onePg(serverUrl, (admin) => admin.query(`CREATE DATABASE "${name}"`));
+  const url = withPort(serverUrl, new URL(serverUrl).port, name);
   return {
     url,
+    adminUrl: serverUrl,
+    /** The whole server, crashed and started again (`pg_ctl stop -m immediate`, then start). */
+    restart: () => restart(RESTART_PAUSE_MS),
     killConnections: () =>
-      onePg(PG_URL, async (admin) => {
+      onePg(serverUrl, async (admin) => {
         const { rows } = await admin.query(
           'SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE datname = $1',
           [name],
@@ -73,7 +77,7 @@ async function postgresDatabase() {
       onePg(url, async (client) =>
         asEffects((await client.query(`SELECT ${EFFECT_COLUMNS} FROM torture_effect`)).rows),
       ),
-    drop: () => onePg(PG_URL, (admin) => admin.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`)),
+    drop: () => onePg(serverUrl, (admin) => admin.query(`DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`)),
   };
 }
 
@@ -121,22 +125,32 @@ export const TARGETS = {
   mysql: {
     modes: ['lease', 'atomic'],
     async open() {
+      const { url: serverUrl, restart } = await privateMariadb();
       const name = uniqueName();
-      const admin = await mysql.createConnection(MYSQL_URL);
-      await admin.query(`CREATE DATABASE \`${name}\``);
-      const proxy = await startTcpProxy({ targetPort: Number(new URL(MYSQL_URL).port || 3306) });
-      const direct = withPort(MYSQL_URL, new URL(MYSQL_URL).port || 3306, name);
+      // A connection per use: a restart ends every connection.
+      const asAdmin = async (use) => {
+        const admin = await mysql.createConnection(serverUrl);
+        try {
+          return await use(admin);
+        } finally {
+          await admin.end().catch(() => {});
+        }
+      };
+      await asAdmin((admin) => admin.query(`CREATE DATABASE \`${name}\``));
+      const proxy = await startTcpProxy({ targetPort: Number(new URL(serverUrl).port) });
+      const direct = withPort(serverUrl, new URL(serverUrl).port, name);
       return {
-        env: { STORE: 'mysql', STORE_URL: withPort(MYSQL_URL, proxy.port, name) },
+        env: { STORE: 'mysql', STORE_URL: withPort(serverUrl, proxy.port, name) },
         proxy,
         faults: {
-          'connection-kill': async () => {
-            const [rows] = await admin.query('SELECT id FROM information_schema.processlist WHERE db = ?', [
-              name,
-            ]);
-            for (const { id } of rows) await admin.query(`KILL ${Number(id)}`).catch(() => {});
-            return rows.length;
-          },
+          'connection-kill': () =>
+            asAdmin(async (admin) => {
+              const [rows] = await admin.query('SELECT id FROM information_schema.processlist WHERE db = ?', [
+                name,
+              ]);
+              for (const { id } of rows) await admin.query(`KILL ${Number(id)}`).catch(() => {});
+              return rows.length;
+            }),
           'table-lock': async (ms) => {
             const locker = await mysql.createConnection(direct);
             await locker.query('LOCK TABLES torture_effect WRITE');
@@ -144,6 +158,8 @@ export const TARGETS = {
             await locker.query('UNLOCK TABLES');
             await locker.end();
           },
+          // SIGKILL, then InnoDB's crash recovery.
+          'db-restart': () => restart(RESTART_PAUSE_MS),
         },
         async effects() {
           const reader = await mysql.createConnection(direct);
@@ -153,8 +169,7 @@ export const TARGETS = {
         },
         async close() {
           await proxy.close();
-          await admin.query(`DROP DATABASE IF EXISTS \`${name}\``);
-          await admin.end();
+          await asAdmin((admin) => admin.query(`DROP DATABASE IF EXISTS \`${name}\``));
         },
       };
     },
@@ -167,9 +182,9 @@ export const TARGETS = {
 async function sqlOnPostgres(store, storeOptions, bounced = false) {
   const database = await postgresDatabase();
   const bouncer = bounced
-    ? await startPgBouncer(PG_URL, { port: await freeLoopbackPort(), poolSize: 8 })
+    ? await startPgBouncer(database.adminUrl, { port: await freeLoopbackPort(), poolSize: 8 })
     : undefined;
-  const proxy = await startTcpProxy({ targetPort: bouncer?.port ?? Number(new URL(PG_URL).port || 5432) });
+  const proxy = await startTcpProxy({ targetPort: bouncer?.port ?? Number(new URL(database.adminUrl).port) });
   return {
     env: {
       STORE: store,
@@ -177,7 +192,11 @@ async function sqlOnPostgres(store, storeOptions, bounced = false) {
       STORE_OPTIONS: JSON.stringify(storeOptions),
     },
     proxy,
-    faults: { 'connection-kill': database.killConnections, 'table-lock': database.lockEffects },
+    faults: {
+      'connection-kill': database.killConnections,
+      'table-lock': database.lockEffects,
+      'db-restart': database.restart,
+    },
     effects: database.effects,
     async close() {
       await proxy.close();
@@ -187,17 +206,21 @@ async function sqlOnPostgres(store, storeOptions, bounced = false) {
   };
 }
 
-/** Redis (through the run's proxy) or the Redis Cluster for keys; effects in PostgreSQL. */
+/**
+ * The run's Redis (through the run's proxy) or its Redis Cluster for keys; effects in PostgreSQL.
+ * The Redis is restarted by the schedule, the cluster loses a master.
+ */
 async function redisTarget(cluster) {
   const database = await postgresDatabase();
   const prefix = `${uniqueName()}:`;
-  const proxy = cluster
-    ? undefined
-    : await startTcpProxy({ targetPort: Number(new URL(REDIS_URL).port || 6379) });
-  const admin = new Redis(REDIS_URL);
+  const redis = cluster ? undefined : await privateRedis();
+  const redisCluster = cluster ? await privateRedisCluster() : undefined;
+  const proxy = cluster ? undefined : await startTcpProxy({ targetPort: Number(new URL(redis.url).port) });
+  const admin = cluster ? undefined : new Redis(redis.url);
+  admin?.on('error', () => {});
   const storeUrl = cluster
-    ? REDIS_CLUSTER_NODES.join(',')
-    : `${withPort(REDIS_URL, proxy.port)}?connectionName=${encodeURIComponent(prefix)}`;
+    ? redisCluster.nodes.join(',')
+    : `${withPort(redis.url, proxy.port)}?connectionName=${encodeURIComponent(prefix)}`;
   return {
     env: {
       STORE: cluster ? 'redis-cluster' : 'redis',
@@ -209,9 +232,11 @@ async function redisTarget(cluster) {
     faults: {
       'table-lock': database.lockEffects,
       ...(cluster
-        ? {}
+        ? { 'master-kill': redisCluster.killMaster }
         : {
-            // Only this run's connections (named by the prefix): the server is shared.
+            // SIGKILL; the append-only file gives the keys back.
+            'db-restart': () => redis.restart(RESTART_PAUSE_MS),
+            // Only this run's connections (named by the prefix).
             'connection-kill': async () => {
               const clients = String(await admin.client('LIST')).split('\n');
               const ids = clients
@@ -227,15 +252,15 @@ async function redisTarget(cluster) {
       await proxy?.close();
       const keys = cluster ? [] : await admin.keys(`${prefix}*`);
       if (keys.length > 0) await admin.del(...keys);
-      if (cluster) await deleteClusterKeys(prefix);
-      admin.disconnect();
+      if (cluster) await deleteClusterKeys(redisCluster.nodes, prefix);
+      admin?.disconnect();
       await database.drop();
     },
   };
 }
 
-async function deleteClusterKeys(prefix) {
-  for (const node of REDIS_CLUSTER_NODES) {
+async function deleteClusterKeys(nodes, prefix) {
+  for (const node of nodes) {
     const [host, port] = node.split(':');
     const client = new Redis({ host, port: Number(port) });
     const role = await client.role().catch(() => ['replica']);

@@ -1,7 +1,8 @@
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it } from 'vitest';
 import { judge, tortureOne } from '../../scripts/torture/run.js';
+import { stopServers } from '../../scripts/torture/servers.js';
 import { TARGETS } from '../../scripts/torture/targets.js';
 import { hasPgBouncer } from '../support/pgbouncer.js';
 import { hasRedisCluster } from '../support/redis-cluster.js';
@@ -30,12 +31,16 @@ const repeat = process.env.RETRYSAFE_CI_REPEAT === '1';
 if (repeat) console.warn('\ntorture: skipped on this Node, run on CI’s first one\n');
 
 describe.skipIf(repeat)('torture, short schedule', () => {
+  // The run's own PostgreSQL, Redis, MariaDB and Redis Cluster, started by the first run that needs each.
+  afterAll(stopServers);
   for (const [store, { modes }] of Object.entries(TARGETS)) {
     for (const mode of modes) {
       it.skipIf(!available[store])(`${store}, ${mode} mode: zero anomalies under every fault`, async () => {
         const history = await tortureOne(store, mode, SHORT);
         const [{ verdict, kept }] = judge([history], path.join(tmpdir(), 'retrysafe-torture'));
         expect(verdict.anomalies, `history kept: ${kept}`).toEqual([]);
+        // An app process that exits by itself (an unhandled error) is a defect, whatever the checker says.
+        expect(history.crashes).toEqual([]);
         expect(verdict.acknowledged).toBeGreaterThan(0);
         // Every scheduled kind had its turn (the HTTP proxy's faults are random rolls, counted only).
         for (const [kind, count] of Object.entries(history.faults)) {
