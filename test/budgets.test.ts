@@ -88,7 +88,9 @@ const BUDGETS: Record<string, Record<Path, [number, number]>> = {
   // deduplication, `own` and the driver seam's async statements cost what its own synchronous
   // store did not (atomic fresh was [30, 16], replay [16, 7]; lease fresh [32, 19]).
   'sqlite lease': { fresh: [40, 19], replay: [22, 10], mismatch: [22, 10], in_progress: [30, 14] },
-  'sqlite atomic': { fresh: [61, 29], replay: [29, 13], mismatch: [29, 13], in_progress: [18, 8] },
+  // Group commit (issue 33): a transaction's answer is a promise of its own, settled at its
+  // group's COMMIT rather than when its turn on the connection ends (fresh was [61, 29]).
+  'sqlite atomic': { fresh: [62, 29], replay: [29, 13], mismatch: [29, 13], in_progress: [18, 8] },
   // PostgreSQL too (before: lease fresh [36, 18], replay [21, 10]; atomic fresh [38, 19], replay
   // [32, 14]): the same round trips, more async layers; issue 33 is to win them back.
   'postgres lease': { fresh: [40, 20], replay: [23, 11], mismatch: [23, 11], in_progress: [23, 11] },

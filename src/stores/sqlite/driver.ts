@@ -115,6 +115,31 @@ export function driverOf(database: SqliteDatabase): Driver {
 }
 
 /**
+ * A second, read-only connection to `db`'s file, of the same binding, when `db` is a file in WAL
+ * mode (there a reader sees what has committed and never waits for the write lock); `undefined`
+ * for a database in memory or in another journal mode.
+ */
+export function openReader(db: Driver, busyTimeoutMs: number): Driver | undefined {
+  const main = (db.prepare('PRAGMA database_list').all() as { name: string; file: string }[]).find(
+    (database) => database.name === 'main',
+  );
+  const mode = Object.values(db.prepare('PRAGMA journal_mode').get() as object)[0] as string;
+  if (!main?.file || mode.toLowerCase() !== 'wal') return undefined;
+  if (db.name === 'better-sqlite3') {
+    // Not resolvable from here (a strict package layout): the store then reads on `db` alone.
+    const Database = betterSqlite3();
+    if (!Database) return undefined;
+    return driverOf(new Database(main.file, { readonly: true, fileMustExist: true, timeout: busyTimeoutMs }));
+  }
+  const { DatabaseSync } = load('node:sqlite') as {
+    DatabaseSync: new (filename: string, options: { readOnly: boolean }) => NodeSqliteDatabase;
+  };
+  const reader = new DatabaseSync(main.file, { readOnly: true });
+  reader.exec(`PRAGMA busy_timeout = ${busyTimeoutMs}`);
+  return driverOf(reader);
+}
+
+/**
  * Opens `filename` with the named driver, or by default with better-sqlite3 where it is installed
  * and node:sqlite where it is not (Node ≥ 22.16).
  */

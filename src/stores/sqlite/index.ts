@@ -108,7 +108,9 @@ export interface SqliteStore<D extends SqliteDatabase = SqliteDatabase>
    * Runs `fn` in `BEGIN IMMEDIATE` … `COMMIT` (`ROLLBACK` if it throws) on {@link SqliteStore.database}.
    * An async `fn` may await while the transaction is open: every other write of this store in this
    * process queues until it ends, instead of silently joining it. Called inside another transaction
-   * of this store (or inside `atomic`'s work) it becomes a savepoint.
+   * of this store (or inside `atomic`'s work) it becomes a savepoint. Transactions queued together
+   * commit together (group commit, each in a savepoint): the returned promise settles only after
+   * that COMMIT, and a `fn` that throws rolls back only its own writes.
    *
    * @example
    * ```ts
@@ -264,8 +266,7 @@ export function sqliteStore(given: SqliteStoreOptions): SqliteStore {
       closed = true;
       await store.close();
       // The transactions queued or open on the connection end first.
-      if (ownsDatabase) await driver.close();
-      else await driver.exclusive(() => undefined);
+      await driver.close(ownsDatabase);
     },
   };
 }
