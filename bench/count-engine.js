@@ -13,9 +13,9 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import { parseArgs, promisify } from 'node:util';
 import { promiseHooks } from 'node:v8';
 import { contenders, exchange, SLICE } from './lib/engine-exchange.js';
+import { median } from './lib/median.js';
 
 const execFile$ = promisify(execFile);
-const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)];
 const script = fileURLToPath(import.meta.url);
 const here = path.dirname(script);
 

@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { loanDriver } from './lib/loan-driver.js';
 import { LOAN_DESK, startFloor, startLoanDesk } from './lib/loandesk.js';
+import { median } from './lib/median.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const root = path.resolve(here, '..');
@@ -95,8 +96,6 @@ function cpuUs(pid) {
   };
   return { all: read(`/proc/${pid}/stat`), main: read(`/proc/${pid}/task/${pid}/stat`) };
 }
-
-const median = (list) => [...list].sort((a, b) => a - b)[Math.floor(list.length / 2)];
 
 const ctx = { runId: `bd${process.pid}`, tmpDir: path.join(os.tmpdir(), `desk-breakdown-${process.pid}`) };
 mkdirSync(ctx.tmpDir, { recursive: true });

@@ -8,6 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
+import { median } from './lib/median.js';
 
 const { values } = parseArgs({
   options: {
@@ -20,7 +21,6 @@ const here = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const builds = [['this build', here], ...(values.root ? [['--root', path.resolve(values.root)]] : [])];
 const dir = mkdtempSync(path.join(os.tmpdir(), 'driver-ops-'));
 const response = { status: 201, headers: {}, body: new TextEncoder().encode('{"id":1}') };
-const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)];
 
 const calls = new Map();
 for (const [build, root] of builds) {

@@ -1,4 +1,4 @@
-import { median } from './load.js';
+import { median } from './median.js';
 
 /**
  * Runs every entry `rounds` times for `durationS` each, after one warm-up run per entry, rotating

@@ -1,8 +1,8 @@
 import { idempotency } from 'retrysafe/node';
 import { idempotencyTelemetry } from 'retrysafe/otel';
 import { contenders as engineContenders, exchange, SLICE } from '../lib/engine-exchange.js';
-import { median } from '../lib/load.js';
 import { round2, target } from '../lib/measure.js';
+import { median } from '../lib/median.js';
 
 /**
  * µs per keyed request that the engine and the node adapter add over the bare handler, with a

@@ -5,8 +5,8 @@ import { idempotent } from 'retrysafe';
 import { memoryStore } from 'retrysafe/memory';
 import { redisStore } from 'retrysafe/redis';
 import { sqliteStore } from 'retrysafe/sqlite';
-import { median } from '../lib/load.js';
 import { informational, round2 } from '../lib/measure.js';
+import { median } from '../lib/median.js';
 import { REDIS_URL } from '../lib/services.js';
 
 /**

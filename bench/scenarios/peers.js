@@ -1,7 +1,8 @@
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { burst, load, median, request } from '../lib/load.js';
+import { burst, load, request } from '../lib/load.js';
 import { informational, measureSet, round2, target } from '../lib/measure.js';
+import { median } from '../lib/median.js';
 import { startAll, startServer, stopAll } from '../lib/proc.js';
 import { REDIS_URL } from '../lib/services.js';
 

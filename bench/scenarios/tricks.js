@@ -3,9 +3,10 @@ import { copyFile, cp, mkdir, readFile, symlink, writeFile } from 'node:fs/promi
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import ts from 'typescript';
-import { load, median } from '../lib/load.js';
+import { load } from '../lib/load.js';
 import { LOAN, startLoanDesk, VARIANTS } from '../lib/loandesk.js';
 import { measureSet, round2, target } from '../lib/measure.js';
+import { median } from '../lib/median.js';
 import { startAll, startServer, stopAll } from '../lib/proc.js';
 import { instructionsPerRequest } from './instructions.js';
 

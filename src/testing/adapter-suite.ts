@@ -395,7 +395,7 @@ async function until(condition: () => boolean, what: string): Promise<void> {
  * large) was answered, then the connection closed on the unread upload and was reset, so the
  * answer was lost.
  */
-export async function refusedLargeUpload(
+async function refusedLargeUpload(
   app: RunningApp,
   headers: RawRequest['headers'],
   framing: RawRequest['framing'] = { kind: 'length' },

@@ -8,6 +8,7 @@ import type {
   StoredResponse,
 } from '../../core/adapter.js';
 import type { IdempotencyError } from '../../core/contract/index.js';
+import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './overflow.js';
 
 // node:http plumbing shared by the adapters whose responses are node ServerResponses (node, express).
 
@@ -99,18 +100,6 @@ function answer(
   res.writeHead(status);
   res.end(body);
 }
-
-/**
- * How much of a refused request body (413) is read and dropped, and for how long, before the
- * connection is closed anyway. Closing a socket that still has unread bytes makes the kernel reset
- * it, and a client still writing its upload (Node's fetch among them) then sees EPIPE instead of
- * the 413 it was sent, and retries a request that can never succeed. Reading the rest lets it
- * finish writing, or read the answer and hang up; the bounds keep a client from streaming into
- * the server for ever. 8 MiB covers the few-megabyte uploads that typically overshoot the 1 MiB
- * default limit; 5 s is ample to carry that much on any working link.
- */
-export const DRAIN_MAX_BYTES = 8 * 1024 * 1024;
-export const DRAIN_MAX_MS = 5_000;
 
 /**
  * Makes the answer to a request whose body will not be read arrive instead of a reset:

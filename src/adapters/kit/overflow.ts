@@ -2,7 +2,8 @@ import type { CollectorState, ResponseCollector } from '../../core/adapter.js';
 
 // A handler's body read chunk by chunk into the engine's collector, and what goes out once it
 // outgrew `maxResponseBytes`: shared by the adapters that read the body as a stream (Fastify's
-// and Koa's payloads, Web-standard Responses).
+// and Koa's payloads, Web-standard Responses). And how much of a refused request body is read
+// and dropped, by the node:http drain and the Web-standard one alike.
 
 /** The next chunk of a body, as a node stream's iterator or a Web stream's reader gives it. */
 export type ReadChunk = () => Promise<{ done: true } | { done: false; value: Uint8Array }>;
@@ -32,3 +33,15 @@ export async function* keptThenRest(
     yield next.value;
   }
 }
+
+/**
+ * How much of a refused request body (413) is read and dropped, and for how long, before the
+ * connection is closed anyway. Closing a socket that still has unread bytes makes the kernel reset
+ * it, and a client still writing its upload (Node's fetch among them) then sees EPIPE instead of
+ * the 413 it was sent, and retries a request that can never succeed. Reading the rest lets it
+ * finish writing, or read the answer and hang up; the bounds keep a client from streaming into
+ * the server for ever. 8 MiB covers the few-megabyte uploads that typically overshoot the 1 MiB
+ * default limit; 5 s is ample to carry that much on any working link.
+ */
+export const DRAIN_MAX_BYTES = 8 * 1024 * 1024;
+export const DRAIN_MAX_MS = 5_000;

@@ -1,6 +1,5 @@
 import type { CapturedResponse, ResponseCollector, StoredResponse } from '../../core/adapter.js';
-import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './node-http.js';
-import { feed, keptThenRest, type ReadChunk } from './overflow.js';
+import { DRAIN_MAX_BYTES, DRAIN_MAX_MS, feed, keptThenRest, type ReadChunk } from './overflow.js';
 
 // Response capture and replay shared by the adapters that see Web-standard Request/Response
 // objects (Hono, retrysafe/fetch).
