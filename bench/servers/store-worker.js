@@ -28,6 +28,8 @@ const KEY_SPACE = 2 ** 48;
 async function openSqlite(filename) {
   const { sqliteStore } = await import('retrysafe/sqlite');
   const store = sqliteStore({ url: filename, migrate: true });
+  // The table first: the filler's statement names it (migrate: true alone makes it on first use).
+  await store.migrate();
   // A second connection for the bulk fill, with a large cache: the fill is setup, not measured.
   const filler = new Database(filename);
   filler.pragma('cache_size = -1000000');
