@@ -1,12 +1,12 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import Database from 'better-sqlite3';
 import { afterAll, describe, expect, it } from 'vitest';
+import { startApp } from './support/child-app.js';
 
 // Issue 34 item 3: an Express or Fastify app SIGKILLed after a payment's charge was saved; a second
 // process, the same app with a completer through it (`resumeThrough`), finishes the payment.
@@ -20,15 +20,7 @@ afterAll(() => {
 });
 
 async function start(args: string[]) {
-  const child = spawn(process.execPath, [APP, ...args], { stdio: ['ignore', 'pipe', 'inherit'] });
-  children.push(child);
-  const exited = once(child, 'exit').then(([, signal]) => signal as NodeJS.Signals | null);
-  let out = '';
-  for await (const chunk of child.stdout) {
-    out += chunk;
-    if (out.includes('\n')) break;
-  }
-  const { port } = JSON.parse(out) as { port: number };
+  const { child, exited, port } = await startApp(APP, args, children);
   return { child, exited, url: `http://127.0.0.1:${port}/pay` };
 }
 

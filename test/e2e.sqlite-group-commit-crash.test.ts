@@ -1,11 +1,11 @@
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomUUID } from 'node:crypto';
-import { once } from 'node:events';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, describe, expect, it } from 'vitest';
+import { startApp } from './support/child-app.js';
 
 // Issue 33 item 2: the SQLite driver's group commit answers no member before the group's COMMIT.
 // The app SIGKILLs itself just before the COMMIT of a group of three handlers or more: no client
@@ -22,17 +22,7 @@ afterAll(() => {
 });
 
 async function start(storeFile: string, ranFile: string, killAt: number) {
-  const child = spawn(process.execPath, [APP, storeFile, ranFile, String(killAt)], {
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  children.push(child);
-  const exited = once(child, 'exit').then(([, signal]) => signal as NodeJS.Signals | null);
-  let out = '';
-  for await (const chunk of child.stdout) {
-    out += chunk;
-    if (out.includes('\n')) break;
-  }
-  const { port } = JSON.parse(out) as { port: number };
+  const { exited, port } = await startApp(APP, [storeFile, ranFile, String(killAt)], children);
   return { exited, url: `http://127.0.0.1:${port}/orders` };
 }
 

@@ -1,6 +1,6 @@
 import { createRequire } from 'node:module';
 import { Worker } from 'node:worker_threads';
-import type { Driver } from './driver.js';
+import { type Driver, pragmaValue, walFile } from './driver.js';
 
 // The checkpointer's thread: its own connection to the file, a PASSIVE checkpoint per message.
 const CHECKPOINTER_SOURCE = `
@@ -27,16 +27,13 @@ parentPort.on('message', () => {
  * WAL file (in memory, another journal mode).
  */
 export function walCheckpointer(db: Driver) {
-  const pragma = (name: string) => Object.values(db.prepare(`PRAGMA ${name}`).get() as object)[0] as unknown;
-  const main = (db.prepare('PRAGMA database_list').all() as { name: string; file: string }[]).find(
-    (database) => database.name === 'main',
-  );
-  if (!main?.file || String(pragma('journal_mode')).toLowerCase() !== 'wal') return undefined;
-  const autoCheckpoint = pragma('wal_autocheckpoint') as number;
+  const filename = walFile(db);
+  if (!filename) return undefined;
+  const autoCheckpoint = pragmaValue(db, 'wal_autocheckpoint') as number;
   db.exec('PRAGMA wal_autocheckpoint = 0');
   const driver =
     db.name === 'node:sqlite' ? 'node:sqlite' : createRequire(import.meta.url).resolve('better-sqlite3');
-  const worker = new Worker(CHECKPOINTER_SOURCE, { eval: true, workerData: { driver, filename: main.file } });
+  const worker = new Worker(CHECKPOINTER_SOURCE, { eval: true, workerData: { driver, filename } });
   worker.unref();
   let failed = false;
   let pending: (() => void) | undefined;

@@ -114,27 +114,41 @@ export function driverOf(database: SqliteDatabase): Driver {
   };
 }
 
+/** The value of a PRAGMA that answers one (`busy_timeout`, `journal_mode`), on either binding. */
+export function pragmaValue(db: Driver, name: string): unknown {
+  return Object.values(db.prepare(`PRAGMA ${name}`).get() as object)[0];
+}
+
+/**
+ * The path of `db`'s main file when it is a file in WAL mode; `undefined` for a database in memory
+ * or in another journal mode.
+ */
+export function walFile(db: Driver): string | undefined {
+  const main = (db.prepare('PRAGMA database_list').all() as { name: string; file: string }[]).find(
+    (database) => database.name === 'main',
+  );
+  const mode = String(pragmaValue(db, 'journal_mode'));
+  return main?.file && mode.toLowerCase() === 'wal' ? main.file : undefined;
+}
+
 /**
  * A second, read-only connection to `db`'s file, of the same binding, when `db` is a file in WAL
  * mode (there a reader sees what has committed and never waits for the write lock); `undefined`
  * for a database in memory or in another journal mode.
  */
 export function openReader(db: Driver, busyTimeoutMs: number): Driver | undefined {
-  const main = (db.prepare('PRAGMA database_list').all() as { name: string; file: string }[]).find(
-    (database) => database.name === 'main',
-  );
-  const mode = Object.values(db.prepare('PRAGMA journal_mode').get() as object)[0] as string;
-  if (!main?.file || mode.toLowerCase() !== 'wal') return undefined;
+  const file = walFile(db);
+  if (!file) return undefined;
   if (db.name === 'better-sqlite3') {
     // Not resolvable from here (a strict package layout): the store then reads on `db` alone.
     const Database = betterSqlite3();
     if (!Database) return undefined;
-    return driverOf(new Database(main.file, { readonly: true, fileMustExist: true, timeout: busyTimeoutMs }));
+    return driverOf(new Database(file, { readonly: true, fileMustExist: true, timeout: busyTimeoutMs }));
   }
   const { DatabaseSync } = load('node:sqlite') as {
     DatabaseSync: new (filename: string, options: { readOnly: boolean }) => NodeSqliteDatabase;
   };
-  const reader = new DatabaseSync(main.file, { readOnly: true });
+  const reader = new DatabaseSync(file, { readOnly: true });
   reader.exec(`PRAGMA busy_timeout = ${busyTimeoutMs}`);
   return driverOf(reader);
 }
