@@ -6,6 +6,7 @@ import compression from 'compression';
 import express5, { type NextFunction, type Request, type Response } from 'express';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { idempotency } from '../src/adapters/express.js';
+import { dictionaryModePays } from '../src/adapters/kit/node-http.js';
 import type { IdempotencyError } from '../src/core/contract/index.js';
 import {
   describeAdapterConformance,
@@ -277,5 +278,14 @@ describeAdapterSpecifics('express specifics', idempotency, (store, started) => {
       expect(reply.headers.get('content-type')).toMatch(/^application\/json/);
       expect(JSON.parse(reply.text)).toMatchObject({ error: 'idempotency_key_missing' });
     }
+  });
+});
+
+// The bench's tricks scenario measured toDictionaryMode on the guarded Express path: about half
+// the time per request on Node 20 and 22, a third more on Node 24 (bench/results/2026-12-05-tricks-node22.md).
+describe('toDictionaryMode', () => {
+  it('runs only on the Node lines where it was measured to pay', () => {
+    expect(['20.20.2', '22.23.5', '23.11.1'].map(dictionaryModePays)).toEqual([true, true, true]);
+    expect(['24.0.0', '24.22.0', '25.2.1'].map(dictionaryModePays)).toEqual([false, false, false]);
   });
 });

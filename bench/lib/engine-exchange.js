@@ -46,7 +46,7 @@ export const SLICE = 250;
 export const exchange = (serve, key) => exchangeOn(serve, key, BODY);
 
 /** The guarded handler of a build's `idempotency` (node adapter), over a store that answers at once. */
-export const guarded = (idempotency) => idempotency({ store: noopStore })(handler);
+const guarded = (idempotency) => idempotency({ store: noopStore })(handler);
 
 /** The loan handler behind a build's Express `idempotency` middleware, over the no-op store. */
 export const expressRoute = (idempotency) => [idempotency({ store: noopStore }), handler];

@@ -24,28 +24,45 @@ const MIN_WIN_PERCENT = 3;
  */
 const COUNT_BELOW_PERCENT = 2 * MIN_WIN_PERCENT;
 
+const NODE_MAJOR = Number(process.versions.node.split('.')[0]);
+
 /**
  * The speed tricks of docs/decisions.md ("Runtime internals we lean on"), each with the patch
- * (bench/tricks/<name>.patch) that takes it out of src/ and the path it sits on. The table's other
- * rows are behaviour, not speed, and are not measured: holding `res` by replacing its methods
- * (the only way to hold a node:http answer until it is saved), closeAfterDrain (a 413 instead of a
- * reset), no NOTIFY on an atomic PostgreSQL completion and the division by zero that fences it
- * (round trips and a database-wide lock: the structure of the store, counted by the instructions
- * scenario).
+ * (bench/tricks/<name>.patch) that takes it out of src/ and the path it sits on. A trick that
+ * does nothing on this Node says why in `offWhy` and is not measured (a run on Node 22 measures
+ * it). The table's other rows are behaviour, not speed, and are not measured: holding `res` by
+ * replacing its methods (the only way to hold a node:http answer until it is saved),
+ * closeAfterDrain (a 413 instead of a reset), no NOTIFY on an atomic PostgreSQL completion and the
+ * division by zero that fences it (round trips and a database-wide lock: the structure of the
+ * store, counted by the instructions scenario).
  */
 const TRICKS = [
-  { name: 'dictionary-mode', trick: 'toDictionaryMode on Express req/res', path: 'express' },
-  { name: 'rawheaders-key', trick: 'key header read from rawHeaders', path: 'engine' },
+  {
+    name: 'dictionary-mode',
+    trick: 'toDictionaryMode on Express req/res',
+    path: 'express',
+    offWhy:
+      NODE_MAJOR >= 24 &&
+      'retrysafe does it only on Node < 24: on Node 24 it cost the path a third (2026-12-04)',
+  },
   {
     name: 'als-close-frame',
     trick: 'AsyncLocalStorage disabled with no transaction open',
     path: 'desk-sqlite',
+    offWhy:
+      NODE_MAJOR >= 24 &&
+      'on Node 24 AsyncLocalStorage runs on AsyncContextFrame, with no async hooks to switch off',
   },
-  { name: 'redis-cork', trick: 'Redis socket corked for one turn (writesPerTurn)', path: 'desk-redis' },
+  {
+    name: 'redis-cork',
+    trick: 'Redis socket corked for one turn (writesPerTurn)',
+    path: 'desk-redis',
+    offWhy: false,
+  },
 ];
+const MEASURED = TRICKS.filter((t) => !t.offWhy);
 
 const PATHS = {
-  engine: 'fresh-key POST, node adapter, no-op store (in process)',
   express: 'fresh-key POST, Express 5 + retrysafe/express, no-op store (in process)',
   'desk-sqlite': 'loan desk, SQLite atomic, fresh-key POST /loans (HTTP)',
   'desk-redis': 'loan desk, Redis store (lease), fresh-key POST /loans (HTTP)',
@@ -157,7 +174,7 @@ async function timeInProcess(ctx, contenders, { slices, perSlice }) {
 
 export async function run(ctx) {
   const variants = new Map();
-  for (const trick of TRICKS)
+  for (const trick of MEASURED)
     variants.set(trick.name, await buildVariant(trick, path.join(ctx.tmpDir, 'tricks')));
   const raw = {};
   const timed = new Map();
@@ -166,9 +183,9 @@ export async function run(ctx) {
 
   // In process: µs per request; the win is the share of the path's time without the trick that
   // it saves, median over slices each set against the unpatched build's slice of the same turn.
-  const inProcess = ['engine', 'express'];
-  for (const kind of inProcess) {
-    const tricks = TRICKS.filter((t) => t.path === kind);
+  for (const kind of ['express']) {
+    const tricks = MEASURED.filter((t) => t.path === kind);
+    if (!tricks.length) continue;
     const contenders = [
       { id: `${kind}:with`, root: repo, kind },
       ...tricks.map((t) => ({ id: `${kind}:${t.name}`, root: variants.get(t.name), kind })),
@@ -190,7 +207,8 @@ export async function run(ctx) {
   // Over HTTP, for tricks whose effect spans the whole process (async hooks) or the store's
   // socket: the unpatched desk and the variant's, interleaved rounds of fresh-key POSTs.
   for (const kind of ['desk-sqlite', 'desk-redis']) {
-    const tricks = TRICKS.filter((t) => t.path === kind);
+    const tricks = MEASURED.filter((t) => t.path === kind);
+    if (!tricks.length) continue;
     const variant = DESK_OF[kind];
     const { servers, failed } = await startAll([
       { id: 'with', start: () => startLoanDesk(ctx, variant, { tag: '-tricks' }) },
@@ -229,7 +247,7 @@ export async function run(ctx) {
 
   // The tiebreak: instructions per request with and without each trick the timing left close.
   const valgrind = hasValgrind();
-  const close = TRICKS.filter((t) => timed.get(t.name).win < COUNT_BELOW_PERCENT);
+  const close = MEASURED.filter((t) => timed.get(t.name).win < COUNT_BELOW_PERCENT);
   const counts = new Map();
   if (!valgrind && close.length) ctx.log('  valgrind is not installed: no instruction counts');
   const countOf = async (id, root, trick) => {
@@ -271,6 +289,21 @@ export async function run(ctx) {
   const targets = [];
   const k = (n) => `${Math.round(n / 1000)}k`;
   for (const trick of TRICKS) {
+    if (trick.offWhy) {
+      const off = `not in effect on Node ${process.versions.node}: ${trick.offWhy}`;
+      rows.push([
+        trick.trick,
+        `\`bench/tricks/${trick.name}.patch\``,
+        PATHS[trick.path],
+        off,
+        '—',
+        '—',
+        '—',
+        '—',
+        '—',
+      ]);
+      continue;
+    }
     const { unit, withValue, withoutValue, win } = timed.get(trick.name);
     const [countWith, countWithout] = [counts.get(`${trick.path}:with`), counts.get(trick.name)];
     const counted = countWithout !== undefined;
