@@ -287,5 +287,6 @@ describe('toDictionaryMode', () => {
   it('runs only on the Node lines where it was measured to pay', () => {
     expect(['20.20.2', '22.23.5', '23.11.1'].map(dictionaryModePays)).toEqual([true, true, true]);
     expect(['24.0.0', '24.22.0', '25.2.1'].map(dictionaryModePays)).toEqual([false, false, false]);
+    expect(dictionaryModePays(undefined)).toBe(false); // workerd has no process.versions
   });
 });

@@ -14,14 +14,15 @@ import { DRAIN_MAX_BYTES, DRAIN_MAX_MS } from './overflow.js';
 
 /**
  * Whether {@link toDictionaryMode} pays on this Node. Measured by the bench's `tricks` scenario on
- * the guarded Express path: half the time per request on Node 20 and 22 (V8 12), a third more on
- * Node 24 (V8 13), where it is left out.
+ * the guarded Express path: half the time per request on Node 20 and 22 (V8 11 and 12), a third
+ * more on Node 24 (V8 13), where it is left out; not Node at all (workerd), left out.
  */
-export function dictionaryModePays(nodeVersion: string): boolean {
-  return Number(nodeVersion.split('.')[0]) < 24;
+export function dictionaryModePays(nodeVersion: string | undefined): boolean {
+  return nodeVersion !== undefined && Number(nodeVersion.split('.')[0]) < 24;
 }
 
-const DICTIONARY_MODE_PAYS = dictionaryModePays(process.versions.node);
+// workerd loads this module too (through the kit's index), with no `process.versions`.
+const DICTIONARY_MODE_PAYS = dictionaryModePays(globalThis.process?.versions?.node);
 
 /**
  * Switches a request or response object to V8's dictionary mode, on a Node where that pays
