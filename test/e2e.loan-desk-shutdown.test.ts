@@ -71,6 +71,10 @@ async function untilOutput(desk: { output(): string }, pattern: RegExp, count: n
 describe.each([1, 2])('loan desk with WORKERS=%i on SIGTERM', (workers) => {
   it('a request in flight gets its answer, new connections are refused, it says so and exits 0', async () => {
     const desk = await startLoanDesk({ workers });
+    // The primary announces the port once every worker listens, but a worker takes SIGTERM as its
+    // own only once it says it serves: passed on before that (a loaded machine), it died unheard
+    // and this test waited for its "stopped accepting" for good (once in CI, Node 22).
+    await untilOutput(desk, /worker \d+ serving/, workers > 1 ? workers : 0);
     const held = await heldPost(desk.port);
     process.kill(desk.pid, 'SIGTERM');
     await untilOutput(desk, /stopped accepting connections/, workers);
